@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Source this file, then call `kiln_ensure_deps`.
+#   - nothing missing: prints one short line
+#   - missing + root:  apt-get installs what is missing
+#   - missing + not root: prints the sudo command to stderr and returns 1
+# It deliberately does not change the caller's shell options (it is sourced).
+
+_kiln_ver_ge() { # _kiln_ver_ge HAVE WANT -> true if HAVE >= WANT
+  [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+
+kiln_ensure_deps() {
+  local missing=() pkg
+  local pkgs=(g++ cmake make libeigen3-dev libxsimd-dev doctest-dev)
+
+  if command -v dpkg >/dev/null 2>&1; then
+    for pkg in "${pkgs[@]}"; do
+      if [ "$pkg" = make ] && command -v ninja >/dev/null 2>&1; then
+        continue # ninja is enough
+      fi
+      if ! dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed'; then
+        missing+=("$pkg")
+      fi
+    done
+  fi
+  # Command checks (also the only checks on systems without dpkg).
+  command -v g++   >/dev/null 2>&1 || [[ " ${missing[*]-} " == *" g++ "* ]]   || missing+=(g++)
+  command -v cmake >/dev/null 2>&1 || [[ " ${missing[*]-} " == *" cmake "* ]] || missing+=(cmake)
+  if ! command -v make >/dev/null 2>&1 && ! command -v ninja >/dev/null 2>&1; then
+    [[ " ${missing[*]-} " == *" make "* ]] || missing+=(make)
+  fi
+
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "kiln: installing missing packages: ${missing[*]}"
+      apt-get update || return 1
+      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" || return 1
+    else
+      echo "kiln: missing packages: ${missing[*]} ; run: sudo apt-get install -y ${missing[*]}" >&2
+      return 1
+    fi
+  fi
+
+  # Version floors (apt cannot fix these on an old distro; just report).
+  local gxx_ver cmake_ver
+  gxx_ver="$(g++ -dumpfullversion -dumpversion 2>/dev/null || echo 0)"
+  cmake_ver="$(cmake --version 2>/dev/null | sed -n '1s/^cmake version //p')"
+  if ! _kiln_ver_ge "$gxx_ver" 12; then
+    echo "kiln: g++ >= 12 required, found ${gxx_ver}" >&2
+    return 1
+  fi
+  if ! _kiln_ver_ge "${cmake_ver:-0}" 3.25; then
+    echo "kiln: cmake >= 3.25 required, found ${cmake_ver:-none}" >&2
+    return 1
+  fi
+
+  echo "kiln: deps ok (g++ ${gxx_ver}, cmake ${cmake_ver})"
+}
+
+# Pick Ninja for fresh build dirs when available; an existing build dir keeps
+# whatever generator it was configured with.
+# Usage: cmake "$(kiln_generator_args BUILD_DIR)" ... -> prints args one per line
+kiln_generator_args() {
+  if [ ! -f "$1/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+    printf '%s\n' -G Ninja
+  fi
+}

@@ -1,0 +1,133 @@
+// CPU reductions: rows of a permuted iteration space reduced with SIMD accumulators, across threads.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "kiln/backends/cpu/program.hpp"
+#include "kiln/ops/reduce_table.hpp"
+
+namespace kiln::detail {
+
+/// Accumulator across tiles: double for float sums/products (keeps long rows accurate), else T.
+template <class R, class T>
+using reduce_acc_t = std::conditional_t<std::is_floating_point_v<T> && R::rule == ops::ReduceRule::widen_int, double, T>;
+
+/// R-combination of v[0..n) in T, with four independent SIMD accumulators.
+template <class R, class T>
+T reduce_tile(const T* v, std::int64_t n) {
+    using B = simd::Batch<T>;
+    using C = typename R::Combine;
+    constexpr std::int64_t w = static_cast<std::int64_t>(simd::width<T>);
+    const B id(R::template identity<T>());
+    B a0 = id, a1 = id, a2 = id, a3 = id;
+    std::int64_t i = 0;
+    for (; i + 4 * w <= n; i += 4 * w) {
+        a0 = C::eval(a0, simd::load(v + i));
+        a1 = C::eval(a1, simd::load(v + i + w));
+        a2 = C::eval(a2, simd::load(v + i + 2 * w));
+        a3 = C::eval(a3, simd::load(v + i + 3 * w));
+    }
+    for (; i + w <= n; i += w) a0 = C::eval(a0, simd::load(v + i));
+    a0 = C::eval(C::eval(a0, a1), C::eval(a2, a3));
+    alignas(64) T lanes[w];
+    simd::store_aligned(lanes, a0);
+    T r = lanes[0];
+    for (std::int64_t k = 1; k < w; ++k) r = C::eval(r, lanes[k]);
+    for (; i < n; ++i) r = C::eval(r, v[i]);
+    return r;
+}
+
+/// Reduces `outer` rows of `inner` consecutive elements (in the source's iteration order) with R,
+/// writing one value per row to out (a contiguous tensor of `outer` elements). `source(start, len,
+/// dst)` writes values in compute type `src_ct`; R runs in the compute type of out's dtype.
+template <class R, class Source>
+void reduce_rows(std::int64_t outer, std::int64_t inner, DType src_ct, const Source& source, const Tensor& out) {
+    visit_ct(compute_dtype(out.dtype()) == DType::boolean ? DType::f32 : compute_dtype(out.dtype()), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using Acc = reduce_acc_t<R, T>;
+        using C = typename R::Combine;
+        std::vector<T> results(static_cast<std::size_t>(outer));
+        struct Tag {};
+        // values of [start, start+len) as T in a scratch tile
+        auto tile_values = [&](std::int64_t start, std::int64_t len, T* buf) -> const T* {
+            if (src_ct == dtype_of<T>) {
+                source(start, len, static_cast<void*>(buf));
+            } else {
+                visit_ct(src_ct, [&](auto stag) {
+                    using S = typename decltype(stag)::type;
+                    S* tmp = reinterpret_cast<S*>(buf + tile_elems);  // second half of the scratch
+                    source(start, len, static_cast<void*>(tmp));
+                    convert_tile(tmp, buf, len);
+                });
+            }
+            return buf;
+        };
+        auto reduce_span = [&](std::int64_t start, std::int64_t len) -> Acc {
+            T* buf = reinterpret_cast<T*>(scratch<double, Tag>(2));
+            Acc acc = static_cast<Acc>(R::template identity<T>());
+            for (std::int64_t s = start; s < start + len; s += tile_elems) {
+                const std::int64_t n = std::min(tile_elems, start + len - s);
+                acc = C::eval(acc, static_cast<Acc>(reduce_tile<R, T>(tile_values(s, n, buf), n)));
+            }
+            return acc;
+        };
+        const std::int64_t threads = num_threads();
+        if (outer >= threads || outer * inner < parallel_grain) {
+            // rows across threads
+            const std::int64_t grain = std::max<std::int64_t>(1, parallel_grain / std::max<std::int64_t>(inner, 1));
+            parallel_for(outer, grain, [&](std::int64_t b, std::int64_t e) {
+                for (std::int64_t o = b; o < e; ++o) results[static_cast<std::size_t>(o)] = static_cast<T>(reduce_span(o * inner, inner));
+            });
+        } else {
+            // few long rows: split each row across threads, combine the partials in order
+            for (std::int64_t o = 0; o < outer; ++o) {
+                const std::int64_t parts = std::min<std::int64_t>(threads, std::max<std::int64_t>(1, inner / tile_elems));
+                std::vector<Acc> partial(static_cast<std::size_t>(parts), static_cast<Acc>(R::template identity<T>()));
+                thread_pool().run(parts, [&](std::int64_t p) {
+                    const std::int64_t b = inner * p / parts, e = inner * (p + 1) / parts;
+                    partial[static_cast<std::size_t>(p)] = reduce_span(o * inner + b, e - b);
+                });
+                Acc acc = partial[0];
+                for (std::int64_t p = 1; p < parts; ++p) acc = C::eval(acc, partial[static_cast<std::size_t>(p)]);
+                results[static_cast<std::size_t>(o)] = static_cast<T>(acc);
+            }
+        }
+        IterSpace space{Shape{outer}};
+        Access oa{static_cast<char*>(out.data_ptr()), out.dtype(), Strides{1}};
+        if (outer > 0) scatter(space, oa, 0, outer, results.data());
+    });
+}
+
+/// Index of the first maximum (Max = true) or minimum of each row; NaN counts as the extreme,
+/// like torch.argmax.
+template <bool Max, class Source>
+void arg_reduce_rows(std::int64_t outer, std::int64_t inner, DType src_ct, const Source& source, std::int64_t* out) {
+    visit_ct(src_ct, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        struct Tag {};
+        parallel_for(outer, std::max<std::int64_t>(1, parallel_grain / std::max<std::int64_t>(inner, 1)),
+                     [&](std::int64_t b, std::int64_t e) {
+                         T* buf = reinterpret_cast<T*>(scratch<double, Tag>(1));
+                         for (std::int64_t o = b; o < e; ++o) {
+                             T best{};
+                             std::int64_t at = -1;
+                             bool best_nan = false;
+                             for (std::int64_t s = 0; s < inner && !best_nan; s += tile_elems) {
+                                 const std::int64_t n = std::min(tile_elems, inner - s);
+                                 source(o * inner + s, n, static_cast<void*>(buf));
+                                 for (std::int64_t k = 0; k < n; ++k) {
+                                     const T v = buf[k];
+                                     if constexpr (std::is_floating_point_v<T>) {
+                                         if (std::isnan(v)) { at = s + k; best_nan = true; break; }
+                                     }
+                                     if (at < 0 || (Max ? v > best : v < best)) { best = v; at = s + k; }
+                                 }
+                             }
+                             out[o] = at;
+                         }
+                     });
+    });
+}
+
+}  // namespace kiln::detail

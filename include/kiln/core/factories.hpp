@@ -1,0 +1,89 @@
+// Tensor factories: empty, zeros, ones, full, arange, linspace, rand, randn, randint.
+#pragma once
+
+#include <cmath>
+
+#include "kiln/backends/cpu/program.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/core/tensor.hpp"
+
+namespace kiln {
+
+namespace detail {
+/// Fills a new contiguous tensor with f(i) for each flat index i, converted to its dtype.
+template <class F>
+Tensor generate(const Shape& shape, DType dtype, F&& f) {
+    Tensor t(shape, dtype);
+    visit_dtype(dtype, [&](auto tag) {
+        using S = typename decltype(tag)::type;
+        S* p = static_cast<S*>(t.data_ptr());
+        for_each_tile(t.numel(), [&](std::int64_t b, std::int64_t n) {
+            for (std::int64_t i = b; i < b + n; ++i) p[i] = store_as<S>(f(i));
+        });
+    });
+    return t;
+}
+}  // namespace detail
+
+using Loc = std::source_location;
+
+/// Uninitialised memory (reading it before writing is the caller's bug).
+inline Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu(), Loc loc = Loc::current()) {
+    return Tensor(shape, dtype, device, loc);
+}
+/// Every element `value`.
+inline Tensor full(const Shape& shape, Scalar value, DType dtype = DType::f32, Loc loc = Loc::current()) {
+    Tensor t(shape, dtype, Device::cpu(), loc);
+    t.fill_(value);
+    return t;
+}
+inline Tensor zeros(const Shape& shape, DType dtype = DType::f32, Loc loc = Loc::current()) { return full(shape, 0, dtype, loc); }
+inline Tensor ones(const Shape& shape, DType dtype = DType::f32, Loc loc = Loc::current()) { return full(shape, 1, dtype, loc); }
+
+/// start, start+step, ... below end (above, for a negative step).
+inline Tensor arange(double start, double end, double step = 1, DType dtype = DType::f32, Loc loc = Loc::current()) {
+    if (step == 0 || !std::isfinite(start) || !std::isfinite(end))
+        detail::fail<ValueError>("arange", "needs finite bounds and a nonzero step", loc);
+    const double count = std::ceil((end - start) / step);
+    if (count < 0) detail::fail<ValueError>("arange", "the step's sign does not lead from start to end", loc);
+    return detail::generate(Shape{static_cast<std::int64_t>(count)}, dtype,
+                            [&](std::int64_t i) { return start + static_cast<double>(i) * step; });
+}
+/// 0, 1, ..., end-1.
+inline Tensor arange(std::int64_t end, DType dtype = DType::i64) { return arange(0, static_cast<double>(end), 1, dtype); }
+
+/// `steps` evenly spaced values from start to end inclusive.
+inline Tensor linspace(double start, double end, std::int64_t steps, DType dtype = DType::f32, Loc loc = Loc::current()) {
+    if (steps < 0) detail::fail<ValueError>("linspace", "steps must be non-negative, got " + std::to_string(steps), loc);
+    const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
+    // the second half counts back from end so both ends are exact, as torch does
+    return detail::generate(Shape{steps}, dtype, [&](std::int64_t i) {
+        return (steps == 1 || i < steps / 2) ? start + step * static_cast<double>(i) : end - step * static_cast<double>(steps - 1 - i);
+    });
+}
+
+/// Uniform in [0, 1): drawn on the dtype's own grid, so rounding never reaches 1.
+inline Tensor rand(const Shape& shape, DType dtype = DType::f32, Generator& gen = default_generator()) {
+    const std::uint64_t c0 = gen.advance(static_cast<std::uint64_t>(shape.numel()));
+    const int bits = dtype == DType::f64 ? 53 : dtype == DType::f16 ? 11 : dtype == DType::bf16 ? 8 : 24;
+    return detail::generate(shape, dtype, [&](std::int64_t i) {
+        return std::ldexp(static_cast<double>(gen.bits(c0 + static_cast<std::uint64_t>(i)) >> (64 - bits)), -bits);
+    });
+}
+/// Standard normal.
+inline Tensor randn(const Shape& shape, DType dtype = DType::f32, Generator& gen = default_generator()) {
+    const std::uint64_t c0 = gen.advance(static_cast<std::uint64_t>(shape.numel()));
+    return detail::generate(shape, dtype, [&](std::int64_t i) { return gen.normal(c0 + static_cast<std::uint64_t>(i)); });
+}
+/// Integers uniform in [low, high).
+inline Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, DType dtype = DType::i64,
+                      Generator& gen = default_generator(), Loc loc = Loc::current()) {
+    if (high <= low) detail::fail<ValueError>("randint", "needs low < high, got [" + std::to_string(low) + ", " + std::to_string(high) + ")", loc);
+    const std::uint64_t c0 = gen.advance(static_cast<std::uint64_t>(shape.numel()));
+    const std::uint64_t span = static_cast<std::uint64_t>(high - low);
+    return detail::generate(shape, dtype, [&](std::int64_t i) {
+        return static_cast<double>(low + static_cast<std::int64_t>(gen.bits(c0 + static_cast<std::uint64_t>(i)) % span));
+    });
+}
+
+}  // namespace kiln

@@ -1,0 +1,20 @@
+// The one header users include; it only includes.
+#pragma once
+
+#include "kiln/core/allocator.hpp"
+#include "kiln/core/device.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/factories.hpp"
+#include "kiln/core/print.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/core/shape.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/expr/evaluate.hpp"
+#include "kiln/interop/eigen.hpp"
+#include "kiln/ops/composites.hpp"
+#include "kiln/ops/copy.hpp"
+#include "kiln/ops/elementwise.hpp"
+#include "kiln/ops/matmul.hpp"
+#include "kiln/ops/nn.hpp"
+#include "kiln/ops/reductions.hpp"

@@ -1,0 +1,316 @@
+// The op table: every primitive elementwise op defined once; ids, dispatch, loops and codegen derive from it.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "kiln/backends/cpu/simd.hpp"
+#include "kiln/core/dtype.hpp"
+
+namespace kiln::ops {
+
+/// How an op's output dtype follows from its (promoted) input dtype.
+enum class DTypeRule : std::uint8_t {
+    same,        ///< output = promoted inputs (add, neg, maximum...)
+    float_math,  ///< integers and bool become the default float (exp, div...)
+    compare,     ///< output bool, compared in the promoted dtype
+    logical,     ///< output bool, inputs read as nonzero/zero
+    where,       ///< where(cond, a, b): output = promote(a, b), cond must be bool
+    cast,        ///< output = the dtype attribute
+};
+
+namespace detail {
+
+template <class V> struct ScalarOf { using type = V; };
+template <class T, class A> struct ScalarOf<xsimd::batch<T, A>> { using type = T; };
+/// Element type of a scalar or a SIMD batch.
+template <class V> using scalar_of = typename ScalarOf<V>::type;
+template <class V> inline constexpr bool is_int_v = std::is_integral_v<scalar_of<V>>;
+
+// Integer arithmetic wraps like the hardware does (and like torch), instead of being UB on scalars.
+template <class V> V wrap(V a, V b, auto f) {
+    if constexpr (std::is_integral_v<V>) {
+        using U = std::make_unsigned_t<V>;
+        return static_cast<V>(f(static_cast<U>(a), static_cast<U>(b)));
+    } else {
+        return f(a, b);
+    }
+}
+
+}  // namespace detail
+
+/// CRTP base giving each op its arity and defaults. `Allow` tells which input categories an op
+/// accepts: bit 0 bool, bit 1 integers, bit 2 floats.
+template <int Arity, DTypeRule Rule, unsigned Allow = 0b111>
+struct OpTraits {
+    static constexpr int arity = Arity;
+    static constexpr DTypeRule rule = Rule;
+    static constexpr unsigned allowed_categories = Allow;
+};
+
+// ---------------------------------------------------------------- unary
+struct Neg : OpTraits<1, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "neg", cuda = "(-{0})";
+    template <class V> static V eval(V x) {
+        if constexpr (std::is_integral_v<V>) return detail::wrap(V{0}, x, [](auto a, auto b) { return a - b; });
+        else return kiln::detail::simd::neg(x);
+    }
+};
+struct Abs : OpTraits<1, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "abs", cuda = "abs({0})";
+    template <class V> static V eval(V x) {
+        if constexpr (std::is_integral_v<V>) return x < 0 ? Neg::eval(x) : x;
+        else return kiln::detail::simd::abs(x);
+    }
+};
+struct Exp : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "exp", cuda = "exp({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::exp(x); }
+};
+struct Expm1 : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "expm1", cuda = "expm1({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::expm1(x); }
+};
+struct Log : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "log", cuda = "log({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::log(x); }
+};
+struct Log1p : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "log1p", cuda = "log1p({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::log1p(x); }
+};
+struct Sqrt : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "sqrt", cuda = "sqrt({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::sqrt(x); }
+};
+struct Rsqrt : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "rsqrt", cuda = "rsqrt({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::rsqrt(x); }
+};
+struct Sin : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "sin", cuda = "sin({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::sin(x); }
+};
+struct Cos : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "cos", cuda = "cos({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::cos(x); }
+};
+struct Tan : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "tan", cuda = "tan({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::tan(x); }
+};
+struct Tanh : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "tanh", cuda = "tanh({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::tanh(x); }
+};
+struct Erf : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "erf", cuda = "erf({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::erf(x); }
+};
+struct Sigmoid : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "sigmoid", cuda = "(1 / (1 + exp(-({0}))))";
+    template <class V> static V eval(V x) { return kiln::detail::simd::sigmoid(x); }
+};
+struct Relu : OpTraits<1, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "relu", cuda = "relu({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::relu(x); }
+};
+struct Floor : OpTraits<1, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "floor", cuda = "floor({0})";
+    template <class V> static V eval(V x) {
+        if constexpr (detail::is_int_v<V>) return x;
+        else return kiln::detail::simd::floor(x);
+    }
+};
+struct Ceil : OpTraits<1, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "ceil", cuda = "ceil({0})";
+    template <class V> static V eval(V x) {
+        if constexpr (detail::is_int_v<V>) return x;
+        else return kiln::detail::simd::ceil(x);
+    }
+};
+struct Round : OpTraits<1, DTypeRule::same, 0b110> {  // half to even, like torch.round
+    static constexpr std::string_view name = "round", cuda = "rint({0})";
+    template <class V> static V eval(V x) {
+        if constexpr (detail::is_int_v<V>) return x;
+        else return kiln::detail::simd::round(x);
+    }
+};
+struct Sign : OpTraits<1, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "sign", cuda = "sign({0})";
+    template <class V> static V eval(V x) { return kiln::detail::simd::sign(x); }
+};
+struct Reciprocal : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "reciprocal", cuda = "(1 / ({0}))";
+    template <class V> static V eval(V x) { return V(detail::scalar_of<V>(1)) / x; }
+};
+struct LogicalNot : OpTraits<1, DTypeRule::logical> {
+    static constexpr std::string_view name = "logical_not", cuda = "(({0}) == 0)";
+    template <class V> static V eval(V x) { return kiln::detail::simd::logical_not(x); }
+};
+/// Conversion to the dtype attribute. Inside one compute type it only has to round (to f16/bf16)
+/// or squash to 0/1 (to bool); conversions between compute types happen at loads and stores.
+struct Cast : OpTraits<1, DTypeRule::cast> {
+    static constexpr std::string_view name = "cast", cuda = "(({1})({0}))";
+    template <class V> static V eval(V x, DType to) {
+        using T = detail::scalar_of<V>;
+        if (to == DType::boolean) return kiln::detail::simd::ne(x, V(T(0)));
+        if constexpr (std::is_same_v<T, float>) {
+            if (to == DType::f16 || to == DType::bf16) return round_lanes(x, to);
+        }
+        return x;
+    }
+
+private:
+    template <class V> static V round_lanes(V x, DType to) {
+        auto round1 = [to](float f) {
+            return to == DType::f16 ? static_cast<float>(half(f)) : static_cast<float>(bfloat16(f));
+        };
+        if constexpr (std::is_same_v<V, float>) {
+            return round1(x);
+        } else {
+            alignas(64) float lanes[V::size];
+            x.store_aligned(lanes);
+            for (auto& l : lanes) l = round1(l);
+            return V::load_aligned(lanes);
+        }
+    }
+};
+
+// ---------------------------------------------------------------- binary
+struct Add : OpTraits<2, DTypeRule::same> {
+    static constexpr std::string_view name = "add", cuda = "(({0}) + ({1}))";
+    template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x + y; }); }
+};
+struct Sub : OpTraits<2, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "sub", cuda = "(({0}) - ({1}))";
+    template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x - y; }); }
+};
+struct Mul : OpTraits<2, DTypeRule::same> {
+    static constexpr std::string_view name = "mul", cuda = "(({0}) * ({1}))";
+    template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x * y; }); }
+};
+struct Div : OpTraits<2, DTypeRule::float_math> {  // true division
+    static constexpr std::string_view name = "div", cuda = "(({0}) / ({1}))";
+    template <class V> static V eval(V a, V b) { return a / b; }
+};
+struct Pow : OpTraits<2, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "pow", cuda = "pow({0}, {1})";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::pow(a, b); }
+};
+struct Maximum : OpTraits<2, DTypeRule::same> {  // NaN-propagating, like torch.maximum
+    static constexpr std::string_view name = "maximum", cuda = "kiln_max({0}, {1})";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::max(a, b); }
+};
+struct Minimum : OpTraits<2, DTypeRule::same> {
+    static constexpr std::string_view name = "minimum", cuda = "kiln_min({0}, {1})";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::min(a, b); }
+};
+struct Eq : OpTraits<2, DTypeRule::compare> {
+    static constexpr std::string_view name = "eq", cuda = "(({0}) == ({1}))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::eq(a, b); }
+};
+struct Ne : OpTraits<2, DTypeRule::compare> {
+    static constexpr std::string_view name = "ne", cuda = "(({0}) != ({1}))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::ne(a, b); }
+};
+struct Lt : OpTraits<2, DTypeRule::compare> {
+    static constexpr std::string_view name = "lt", cuda = "(({0}) < ({1}))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::lt(a, b); }
+};
+struct Le : OpTraits<2, DTypeRule::compare> {
+    static constexpr std::string_view name = "le", cuda = "(({0}) <= ({1}))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::le(a, b); }
+};
+struct Gt : OpTraits<2, DTypeRule::compare> {
+    static constexpr std::string_view name = "gt", cuda = "(({0}) > ({1}))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::gt(a, b); }
+};
+struct Ge : OpTraits<2, DTypeRule::compare> {
+    static constexpr std::string_view name = "ge", cuda = "(({0}) >= ({1}))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::ge(a, b); }
+};
+struct LogicalAnd : OpTraits<2, DTypeRule::logical> {
+    static constexpr std::string_view name = "logical_and", cuda = "((({0}) != 0) && (({1}) != 0))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::logical_and(a, b); }
+};
+struct LogicalOr : OpTraits<2, DTypeRule::logical> {
+    static constexpr std::string_view name = "logical_or", cuda = "((({0}) != 0) || (({1}) != 0))";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::logical_or(a, b); }
+};
+
+// ---------------------------------------------------------------- ternary
+struct Where : OpTraits<3, DTypeRule::where> {
+    static constexpr std::string_view name = "where", cuda = "((({0}) != 0) ? ({1}) : ({2}))";
+    template <class V> static V eval(V c, V a, V b) { return kiln::detail::simd::select(c, a, b); }
+};
+
+// ---------------------------------------------------------------- the table
+template <class... Ops> struct OpList {
+    static constexpr std::size_t size = sizeof...(Ops);
+};
+
+/// Every primitive elementwise op. Adding one: a struct above and an entry here.
+using ElementwiseOps = OpList<Neg, Abs, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Sigmoid, Relu,
+                              Floor, Ceil, Round, Sign, Reciprocal, LogicalNot, Cast, Add, Sub, Mul, Div, Pow, Maximum,
+                              Minimum, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, Where>;
+
+/// Runtime id of an op: its position in ElementwiseOps.
+using OpId = std::uint8_t;
+
+namespace detail {
+template <class Op, class List> struct IndexOf;
+template <class Op, class... Ops> struct IndexOf<Op, OpList<Ops...>> {
+    static constexpr std::size_t value = [] {
+        constexpr bool hits[] = {std::is_same_v<Op, Ops>...};
+        for (std::size_t i = 0; i < sizeof...(Ops); ++i)
+            if (hits[i]) return i;
+        return sizeof...(Ops);
+    }();
+    static_assert(value < sizeof...(Ops), "op is not in ElementwiseOps");
+};
+template <class F, class... Ops>
+decltype(auto) visit_in(OpList<Ops...>, OpId id, F&& f) {
+    using R = decltype(f(std::type_identity<typename std::tuple_element<0, std::tuple<Ops...>>::type>{}));
+    if constexpr (std::is_void_v<R>) {
+        std::size_t i = 0;
+        ((i++ == id ? (f(std::type_identity<Ops>{}), true) : false) || ...);
+    } else {
+        R r{};
+        std::size_t i = 0;
+        ((i++ == id ? (r = f(std::type_identity<Ops>{}), true) : false) || ...);
+        return r;
+    }
+}
+}  // namespace detail
+
+template <class Op> inline constexpr OpId op_id = static_cast<OpId>(detail::IndexOf<Op, ElementwiseOps>::value);
+
+/// Calls f(std::type_identity<Op>{}) for the op with this runtime id.
+template <class F>
+decltype(auto) visit_op(OpId id, F&& f) {
+    return detail::visit_in(ElementwiseOps{}, id, std::forward<F>(f));
+}
+
+/// Calls f(std::type_identity<Op>{}) for every op in the table.
+template <class F>
+void for_each_op(F&& f) {
+    [&]<class... Ops>(OpList<Ops...>) { (f(std::type_identity<Ops>{}), ...); }(ElementwiseOps{});
+}
+
+inline std::string_view op_name(OpId id) {
+    return visit_op(id, [](auto t) { return decltype(t)::type::name; });
+}
+inline int op_arity(OpId id) {
+    return visit_op(id, [](auto t) { return decltype(t)::type::arity; });
+}
+inline DTypeRule op_rule(OpId id) {
+    return visit_op(id, [](auto t) { return decltype(t)::type::rule; });
+}
+inline unsigned op_allowed_categories(OpId id) {
+    return visit_op(id, [](auto t) { return decltype(t)::type::allowed_categories; });
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,184 @@
+// Public reductions over any axes (sum, mean, prod, max, min, argmax, argmin, var, std, logsumexp).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kiln/backends/cpu/reduce.hpp"
+#include "kiln/ops/copy.hpp"
+
+namespace kiln {
+
+/// Which axes to reduce: all of them (the default), one, or a list. Negative axes count from the end.
+struct Axes {
+    std::vector<std::int64_t> dims;
+    Axes() = default;
+    Axes(std::int64_t a) : dims{a} {}  // NOLINT: implicit, `sum(x, 1)`
+    Axes(int a) : dims{a} {}           // NOLINT
+    Axes(std::initializer_list<std::int64_t> l) : dims(l) {}
+    Axes(std::vector<std::int64_t> v) : dims(std::move(v)) {}  // NOLINT
+    bool all() const { return dims.empty(); }
+};
+
+namespace detail {
+
+/// The reduced-axis mask for a rank, validated.
+inline unsigned reduce_mask(const Axes& axes, int rank, std::string_view op, const std::source_location& loc) {
+    if (axes.all()) return rank == 0 ? 0u : (1u << rank) - 1u;
+    unsigned m = 0;
+    for (std::int64_t a : axes.dims) {
+        const int d = normalize_axis(a, rank, op, loc);
+        if (rank == 0) continue;
+        if (m & (1u << d)) fail<ShapeError>(op, "axis " + std::to_string(a) + " appears twice", loc);
+        m |= 1u << d;
+    }
+    return m;
+}
+
+/// Output shape of a reduction.
+inline Shape reduced_shape(const Shape& s, unsigned mask, bool keepdim) {
+    Shape out;
+    for (int d = 0; d < s.rank(); ++d) {
+        if (!(mask & (1u << d))) out.push_back(s[d]);
+        else if (keepdim) out.push_back(1);
+    }
+    return out;
+}
+
+/// Kept dims first, then reduced ones: each output element reduces a run of consecutive
+/// elements of the permuted iteration order.
+inline std::vector<int> reduce_perm(int rank, unsigned mask, std::int64_t& outer, std::int64_t& inner, const Shape& s) {
+    std::vector<int> perm;
+    outer = inner = 1;
+    for (int d = 0; d < rank; ++d)
+        if (!(mask & (1u << d))) { perm.push_back(d); outer *= s[d]; }
+    for (int d = 0; d < rank; ++d)
+        if (mask & (1u << d)) { perm.push_back(d); inner *= s[d]; }
+    return perm;
+}
+
+/// An operand as an expression node (a Tensor becomes an identity cast).
+template <class X>
+auto as_expr(const X& x) {
+    if constexpr (std::is_same_v<X, Tensor>) return cast(x, x.dtype());
+    else return x;
+}
+
+template <class R, class X>
+Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_location& loc) {
+    static_assert(Operand<X> && !std::is_arithmetic_v<X>, "kiln: reductions take a Tensor or a tensor expression");
+    const auto e = as_expr(x);
+    if (!e.info.ok()) e.info.raise(loc);
+    const Shape& s = e.info.shape;
+    const unsigned mask = reduce_mask(axes, s.rank(), R::name, loc);
+    const DType out_dtype = ops::reduce_dtype<R>(e.info.dtype);
+    std::int64_t outer, inner;
+    const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
+    Tensor out(reduced_shape(s, mask, keepdim), out_dtype);
+    if (inner == 0 && R::needs_elements && outer > 0)
+        fail<ValueError>(R::name, "cannot reduce over an empty dimension of shape " + s.str() + " (no identity)", loc);
+    if (outer == 0) return out;
+    if (inner == 0) {
+        out.fill_(Scalar(static_cast<double>(R::template identity<double>())));
+        return out;
+    }
+    const expr::Evaluator<std::remove_cvref_t<decltype(e)>> ev(e, s, perm);
+    reduce_rows<R>(outer, inner, ev.ct(), [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); }, out);
+    return out;
+}
+
+template <bool Max, class X>
+Tensor arg_reduce(const X& x, std::optional<std::int64_t> axis, bool keepdim, const std::source_location& loc) {
+    static_assert(Operand<X> && !std::is_arithmetic_v<X>, "kiln: reductions take a Tensor or a tensor expression");
+    const char* op = Max ? "argmax" : "argmin";
+    const auto e = as_expr(x);
+    if (!e.info.ok()) e.info.raise(loc);
+    const Shape& s = e.info.shape;
+    const unsigned mask = axis ? reduce_mask(Axes{*axis}, s.rank(), op, loc) : reduce_mask(Axes{}, s.rank(), op, loc);
+    std::int64_t outer, inner;
+    const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
+    Tensor out(axis ? reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{}), DType::i64);
+    if (inner == 0 && outer > 0) fail<ValueError>(op, "cannot reduce over an empty dimension of shape " + s.str(), loc);
+    if (outer == 0) return out;
+    const expr::Evaluator<std::remove_cvref_t<decltype(e)>> ev(e, s, perm);
+    arg_reduce_rows<Max>(outer, inner, ev.ct(), [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); },
+                         out.data<std::int64_t>());
+    return out;
+}
+
+inline std::int64_t reduced_count(const Shape& s, const Axes& axes, std::string_view op, const std::source_location& loc) {
+    const unsigned mask = reduce_mask(axes, s.rank(), op, loc);
+    std::int64_t n = 1;
+    for (int d = 0; d < s.rank(); ++d)
+        if (mask & (1u << d)) n *= s[d];
+    return n;
+}
+
+template <class X> DType operand_dtype(const X& x) {
+    if constexpr (std::is_same_v<X, Tensor>) return x.dtype();
+    else return x.info.dtype;
+}
+template <class X> const Shape& operand_shape(const X& x) {
+    if constexpr (std::is_same_v<X, Tensor>) return x.shape();
+    else return x.info.shape;
+}
+
+}  // namespace detail
+
+using Loc = std::source_location;
+
+/// Sum over axes (all by default); integers and bool sum to int64.
+template <class X> Tensor sum(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    return detail::reduce<ops::SumR>(x, axes, keepdim, loc);
+}
+/// Product over axes; integers and bool multiply in int64.
+template <class X> Tensor prod(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    return detail::reduce<ops::ProdR>(x, axes, keepdim, loc);
+}
+/// Maximum over axes; NaN propagates.
+template <class X> Tensor max(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    return detail::reduce<ops::MaxR>(x, axes, keepdim, loc);
+}
+/// Minimum over axes; NaN propagates.
+template <class X> Tensor min(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    return detail::reduce<ops::MinR>(x, axes, keepdim, loc);
+}
+/// Index of the first maximum along axis (over the flattened tensor when axis is absent).
+template <class X> Tensor argmax(const X& x, std::optional<std::int64_t> axis = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    return detail::arg_reduce<true>(x, axis, keepdim, loc);
+}
+/// Index of the first minimum along axis (over the flattened tensor when axis is absent).
+template <class X> Tensor argmin(const X& x, std::optional<std::int64_t> axis = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    return detail::arg_reduce<false>(x, axis, keepdim, loc);
+}
+/// Mean over axes; floating dtypes only, like torch.
+template <class X> Tensor mean(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    const DType d = detail::operand_dtype(x);
+    if (!is_floating(d))
+        detail::fail<DTypeError>("mean", "needs a floating dtype, got " + std::string(dtype_name(d)) +
+                                             " (cast first, e.g. kiln::cast(x, kiln::DType::f32))", loc);
+    const std::int64_t n = detail::reduced_count(detail::operand_shape(x), axes, "mean", loc);
+    return Tensor(sum(x, axes, keepdim, loc) / static_cast<double>(n), loc);
+}
+/// Variance over axes with Bessel's correction by default (torch.var(correction=1)).
+template <class X> Tensor var(const X& x, const Axes& axes = {}, bool keepdim = false, double correction = 1, Loc loc = Loc::current()) {
+    const Tensor m = mean(x, axes, true, loc);
+    const std::int64_t n = detail::reduced_count(detail::operand_shape(x), axes, "var", loc);
+    return Tensor(sum(square(x - m), axes, keepdim, loc) / std::max(0.0, static_cast<double>(n) - correction), loc);
+}
+/// Standard deviation over axes: sqrt(var).
+template <class X> Tensor std(const X& x, const Axes& axes = {}, bool keepdim = false, double correction = 1, Loc loc = Loc::current()) {
+    return Tensor(sqrt(var(x, axes, keepdim, correction, loc)), loc);
+}
+/// log(sum(exp(x))) over axes, computed stably around the maximum.
+template <class X> Tensor logsumexp(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    const Tensor m = max(x, axes, true, loc);
+    const Tensor shift = Tensor(where(abs(m) == std::numeric_limits<double>::infinity(), 0.0, m), loc);
+    Tensor r = Tensor(log(sum(exp(x - shift), axes, true, loc)) + shift, loc);
+    if (keepdim) return r;
+    return r.reshape(detail::reduced_shape(detail::operand_shape(x), detail::reduce_mask(axes, detail::operand_shape(x).rank(), "logsumexp", loc), false), loc);
+}
+
+}  // namespace kiln

@@ -1,0 +1,262 @@
+// The op-table sweep: every table op x every dtype x contiguous/strided/broadcast operands,
+// fused (expression templates) vs eager (one kernel per op) vs a float64 reference.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <kiln/kiln.hpp>
+#include <limits>
+#include <string>
+
+namespace {
+
+using namespace kiln;
+using ops::DTypeRule;
+
+enum class Layout { contiguous, transposed, strided, broadcast };
+constexpr Layout layouts[] = {Layout::contiguous, Layout::transposed, Layout::strided, Layout::broadcast};
+const char* layout_name(Layout l) {
+    switch (l) {
+        case Layout::contiguous: return "contiguous";
+        case Layout::transposed: return "transposed";
+        case Layout::strided: return "strided";
+        case Layout::broadcast: return "broadcast";
+    }
+    return "?";
+}
+
+// 37 x 53 = 1961 elements: two tiles and a ragged SIMD tail.
+constexpr std::int64_t rows = 37, cols = 53;
+
+struct Range {
+    double lo, hi;
+    bool nonzero = false;  // keep |x| >= lo by drawing a random sign over [lo, hi]
+};
+
+/// The input range op Op wants for operand k, for float or integer dtypes.
+template <class Op>
+Range range_for(int k, bool integral) {
+    const std::string_view n = Op::name;
+    if (integral) {
+        if (n == "pow") return k == 0 ? Range{-3, 3} : Range{0, 5};
+        if (n == "div" && k == 1) return {1, 6, true};
+        if (n == "log" || n == "sqrt" || n == "rsqrt" || n == "log1p" || n == "reciprocal") return {1, 20};
+        return {-10, 10};
+    }
+    if (n == "log" || n == "sqrt" || n == "rsqrt") return {0.05, 20};
+    if (n == "log1p") return {-0.9, 20};
+    if (n == "reciprocal" || (n == "div" && k == 1)) return {0.25, 4, true};
+    if (n == "pow") return k == 0 ? Range{0.1, 4} : Range{-3, 3};
+    if (n == "exp" || n == "expm1") return {-20, 20};
+    if (n == "sin" || n == "cos") return {-7, 7};
+    if (n == "tan") return {-1.4, 1.4};
+    if (n == "tanh" || n == "erf" || n == "sigmoid") return {-9, 9};
+    return {-6, 6};
+}
+
+/// A tensor of `dtype` and shape (rows, cols) laid out as asked, with values in r.
+Tensor make_input(DType dtype, Layout layout, Range r, Generator& g, bool specials = false) {
+    const Shape storage_shape = layout == Layout::transposed ? Shape{cols, rows}
+                                : layout == Layout::strided  ? Shape{rows, 2 * cols}
+                                : layout == Layout::broadcast ? Shape{1, cols}
+                                                              : Shape{rows, cols};
+    Tensor v = rand(storage_shape, DType::f64, g);
+    Tensor sgn = rand(storage_shape, DType::f64, g);
+    v = Tensor(v * (r.hi - r.lo) + r.lo);
+    if (r.nonzero) v = Tensor(where(sgn < 0.5, -v, v));
+    if (!is_floating(dtype)) v = Tensor(kiln::round(v));
+    if (dtype == DType::boolean) v = Tensor(sgn < 0.5);
+    if (specials && is_floating(dtype)) {
+        const double sp[] = {std::numeric_limits<double>::quiet_NaN(), INFINITY, -INFINITY, -0.0, 0.0};
+        for (int i = 0; i < 5; ++i) v.at<double>({0, 3 * i + 1}) = sp[i];
+    }
+    Tensor t = v.to(dtype);
+    switch (layout) {
+        case Layout::transposed: return t.t();
+        case Layout::strided: return t.slice(1, 0, 2 * cols, 2);
+        case Layout::broadcast: return t.expand({rows, cols});
+        default: return t;
+    }
+}
+
+/// Rounds a float64 value the way storing it in dtype does.
+double store_round(double v, DType dtype) {
+    switch (dtype) {
+        case DType::boolean: return v != 0 ? 1 : 0;
+        case DType::i32: return static_cast<double>(static_cast<std::int32_t>(v));
+        case DType::i64: return static_cast<double>(static_cast<std::int64_t>(v));
+        case DType::f16: return static_cast<float>(half(static_cast<float>(v)));
+        case DType::bf16: return static_cast<float>(bfloat16(static_cast<float>(v)));
+        case DType::f32: return static_cast<float>(v);
+        case DType::f64: return v;
+    }
+    return v;
+}
+
+/// Relative tolerance for a result of dtype computed in compute type ct (the float64 reference
+/// differs from f32 math by the few ULP of the SIMD math functions).
+double rtol_for(DType out) {
+    switch (out) {
+        case DType::f16: return 2e-3;
+        case DType::bf16: return 1.6e-2;
+        case DType::f32: return 2e-6;
+        case DType::f64: return 1e-13;
+        default: return 0;
+    }
+}
+
+bool same_value(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b || (a == 0 && b == 0); }
+
+bool close(double actual, double expected, DType out, double scale) {
+    if (std::isnan(expected) || std::isnan(actual)) return std::isnan(expected) && std::isnan(actual);
+    if (std::isinf(expected) || std::isinf(actual)) return actual == expected;
+    const double tol = rtol_for(out) * std::max(std::fabs(expected), scale);
+    return std::fabs(actual - expected) <= tol;
+}
+
+/// Float64 (or int64) reference for one element of Op over the given operand values.
+template <class Op>
+double reference(const expr::Info& info, DType attr, const double* v) {
+    auto run = [&](auto zero) {
+        using R = decltype(zero);
+        R x[3];
+        for (int k = 0; k < Op::arity; ++k) x[k] = static_cast<R>(v[k]);
+        if constexpr (Op::rule == DTypeRule::cast) return static_cast<double>(Op::eval(x[0], attr));
+        else if constexpr (Op::arity == 1) return static_cast<double>(Op::eval(x[0]));
+        else if constexpr (Op::arity == 2) return static_cast<double>(Op::eval(x[0], x[1]));
+        else return static_cast<double>(Op::eval(x[0], x[1], x[2]));
+    };
+    const bool int_ct = !info.agnostic && is_integral(info.ct);
+    if constexpr (Op::rule == DTypeRule::float_math) return run(double{});
+    else return int_ct ? run(std::int64_t{}) : run(double{});
+}
+
+/// Builds the op over operands a[0..arity) (each a Tensor or a scalar).
+template <class Op, class... X>
+auto build(DType attr, const X&... x) {
+    return expr::make<Op>(attr, x...);
+}
+
+struct Case {
+    std::string label;
+    int checked = 0;
+};
+
+/// Runs one op over tensors `in` (already laid out), checking fused vs eager (bitwise) and both
+/// vs the reference. Returns false (with doctest failures recorded) on mismatch.
+template <class Op, class Node>
+void check_node(const Node& node, const std::vector<Tensor>& in, DType attr, const std::string& label) {
+    INFO(label);
+    const Tensor fused = Tensor(node);
+    const Tensor eag = eager(node);
+    REQUIRE(fused.shape() == Shape{rows, cols});
+    REQUIRE(fused.dtype() == node.info.dtype);
+    REQUIRE(eag.dtype() == node.info.dtype);
+    double scale = 0;  // magnitude of the reference values, for the absolute part of the tolerance
+    std::vector<double> ref(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t i = 0; i < rows * cols; ++i) {
+        double v[3] = {};
+        for (std::size_t k = 0; k < in.size(); ++k) v[k] = in[k].item<double>(i);
+        ref[static_cast<std::size_t>(i)] = store_round(reference<Op>(node.info, attr, v), node.info.dtype);
+        if (std::isfinite(ref[static_cast<std::size_t>(i)])) scale = std::max(scale, std::fabs(ref[static_cast<std::size_t>(i)]));
+    }
+    scale *= 1e-6;  // values far below the largest one only need to be right to the largest one's ULP-ish
+    int bad_eager = 0, bad_ref = 0;
+    for (std::int64_t i = 0; i < rows * cols; ++i) {
+        const double f = fused.item<double>(i), e = eag.item<double>(i), r = ref[static_cast<std::size_t>(i)];
+        if (!same_value(f, e) && bad_eager++ < 3) FAIL_CHECK("fused " << f << " != eager " << e << " at " << i);
+        if (!close(f, r, node.info.dtype, scale) && bad_ref++ < 3) {
+            std::string args;
+            for (const auto& t : in) args += std::to_string(t.item<double>(i)) + " ";
+            FAIL_CHECK("fused " << f << " vs reference " << r << " at " << i << " for operands " << args);
+        }
+    }
+    CHECK(bad_eager == 0);
+    CHECK(bad_ref == 0);
+}
+
+template <class Op>
+bool dtype_allowed(DType promoted) {
+    return Op::allowed_categories & (1u << dtype_category(promoted));
+}
+
+template <class Op>
+void sweep_op(bool specials) {
+    Generator g(1234 + ops::op_id<Op>);
+    for (DType dt : all_dtypes) {
+        for (Layout lay : layouts) {
+            const std::string label = std::string(Op::name) + " " + std::string(dtype_name(dt)) + " " + layout_name(lay) +
+                                      (specials ? " with nan/inf" : "");
+            const bool integral = !is_floating(dt);
+            if constexpr (Op::rule == DTypeRule::cast) {
+                const Tensor a = make_input(dt, lay, range_for<Op>(0, integral), g, specials);
+                for (DType to : all_dtypes) {
+                    if (specials && !is_floating(to)) continue;  // nan/inf -> int is undefined, as in C++ and torch
+                    check_node<Op>(build<Op>(to, a), {a}, to, label + " -> " + std::string(dtype_name(to)));
+                }
+            } else if constexpr (Op::rule == DTypeRule::where) {
+                const Tensor c = make_input(DType::boolean, lay, {0, 1}, g);
+                const Tensor a = make_input(dt, Layout::contiguous, range_for<Op>(1, integral), g, specials);
+                const Tensor b = make_input(dt, lay, range_for<Op>(2, integral), g, specials);
+                check_node<Op>(build<Op>(DType::f32, c, a, b), {c, a, b}, DType::f32, label);
+            } else {
+                std::vector<Tensor> in;
+                for (int k = 0; k < Op::arity; ++k)
+                    in.push_back(make_input(dt, k == 0 ? lay : Layout::contiguous, range_for<Op>(k, integral), g, specials));
+                if (!dtype_allowed<Op>(dt)) {
+                    // unsupported dtypes raise DTypeError through both front doors
+                    if constexpr (Op::arity == 1) {
+                        CHECK_THROWS_AS(Tensor(build<Op>(DType::f32, in[0])), DTypeError);
+                        CHECK_THROWS_AS(eager(build<Op>(DType::f32, in[0])), DTypeError);
+                    } else {
+                        CHECK_THROWS_AS(Tensor(build<Op>(DType::f32, in[0], in[1])), DTypeError);
+                    }
+                    continue;
+                }
+                if constexpr (Op::arity == 1) {
+                    check_node<Op>(build<Op>(DType::f32, in[0]), in, DType::f32, label);
+                } else {
+                    check_node<Op>(build<Op>(DType::f32, in[0], in[1]), in, DType::f32, label);
+                    // broadcast the other way round, and against a C++ number
+                    const Tensor row = make_input(dt, Layout::broadcast, range_for<Op>(1, integral), g);
+                    check_node<Op>(build<Op>(DType::f32, in[0], row), {in[0], row}, DType::f32, label + " (x, row)");
+                    const double s = row.item<double>(0);
+                    if (is_floating(dt)) {
+                        const Tensor st = full({rows, cols}, s, dt);
+                        check_node<Op>(build<Op>(DType::f32, in[0], s), {in[0], st}, DType::f32, label + " (x, scalar)");
+                    } else {
+                        const auto si = static_cast<std::int64_t>(s);
+                        const Tensor st = full({rows, cols}, si, dt);
+                        check_node<Op>(build<Op>(DType::f32, in[0], si), {in[0], st}, DType::f32, label + " (x, int scalar)");
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("every table op, every dtype and layout: fused == eager, both match float64") {
+    ops::for_each_op([](auto tag) {
+        using Op = typename decltype(tag)::type;
+        SUBCASE(std::string(Op::name).c_str()) { sweep_op<Op>(false); }
+    });
+}
+
+TEST_CASE("nan, inf and signed zeros behave the same fused, eager and in the reference") {
+    ops::for_each_op([](auto tag) {
+        using Op = typename decltype(tag)::type;
+        SUBCASE(std::string(Op::name).c_str()) { sweep_op<Op>(true); }
+    });
+}
+
+TEST_CASE("large operands run on several threads and agree with the single-op kernel") {
+    const Tensor x = randn({1000, 257});
+    const Tensor y = randn({257});
+    const Tensor fused = Tensor(kiln::exp(x) * y + kiln::tanh(x));
+    const Tensor eag = eager(kiln::exp(x) * y + kiln::tanh(x));
+    for (std::int64_t i = 0; i < fused.numel(); i += 7) {
+        const double a = fused.item<double>(i), b = eag.item<double>(i);
+        REQUIRE(std::fabs(a - b) <= 1e-6 * std::max(1.0, std::fabs(b)));
+    }
+}
