@@ -336,3 +336,18 @@ TEST_CASE("results do not depend on the thread count") {
     CHECK(maxdiff(one, two) == 0);
     CHECK(maxdiff(s1, s2) == 0);
 }
+
+TEST_CASE("matmul of broadcast (stride 0) operands reads each row and column correctly") {
+    // expand() gives stride 0 along the broadcast dim: not a layout Eigen can map, so it is copied
+    const Tensor row = kiln::arange(0, 1024, 1).reshape({1, 1024}).expand({4, 1024});
+    const Tensor w = kiln::ones({1024, 2});
+    const Tensor c = kiln::matmul(row, w);
+    for (std::int64_t i = 0; i < 4; ++i)
+        for (std::int64_t j = 0; j < 2; ++j) CHECK(c.at<float>({i, j}) == doctest::Approx(1023.0 * 1024.0 / 2));
+    const Tensor col = kiln::arange(1, 4, 1).reshape({3, 1}).expand({3, 5});  // each row constant
+    const Tensor v = kiln::arange(0, 5, 1).reshape({5, 1});
+    const Tensor d = kiln::matmul(col, v);
+    for (std::int64_t i = 0; i < 3; ++i) CHECK(d.at<float>({i, 0}) == doctest::Approx(10.0 * static_cast<double>(i + 1)));
+    const Tensor scalar_row = kiln::full({1, 1}, 2.0).expand({1, 6});  // rows == 1, column stride 0
+    CHECK(kiln::matmul(scalar_row, kiln::ones({6, 1})).item<float>() == 12.0f);
+}

@@ -1,6 +1,7 @@
 // The one header users include; it only includes.
 #pragma once
 
+#include "kiln/compile.hpp"
 #include "kiln/core/allocator.hpp"
 #include "kiln/core/device.hpp"
 #include "kiln/core/dtype.hpp"

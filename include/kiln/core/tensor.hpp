@@ -19,6 +19,16 @@ namespace kiln {
 /// True for expression-template types (specialised in expr/node.hpp).
 template <class E> struct IsExprNode : std::false_type {};
 
+class Tensor;
+namespace trace {
+/// A value of the graph being traced (trace/tracer.hpp): what a tracing tensor stands for.
+struct Value;
+/// Graph break: the concrete tensor a tracing tensor stands for (defined in trace/tracer.hpp).
+Tensor materialize(const Tensor& t, const std::source_location& loc);
+/// Records a view of a tracing tensor (defined in trace/tracer.hpp).
+Tensor record_view(const Tensor& src, const Tensor& view);
+}  // namespace trace
+
 /// An n-dimensional array: dtype, shape, strides (in elements) and an offset into shared storage.
 /// Copying a Tensor copies the handle, not the data (like torch.Tensor); views share storage.
 class Tensor {
@@ -54,7 +64,20 @@ public:
     Tensor& operator=(Tensor&&) noexcept = default;
 
     // ---- metadata
-    bool defined() const { return storage_ != nullptr; }
+    bool defined() const { return storage_ != nullptr || traced_ != nullptr; }
+    /// A tracing tensor stands for a value of a graph being traced by kiln::compile: it has a
+    /// shape and dtype but no memory; reading its data is a graph break.
+    bool is_traced() const { return traced_ != nullptr; }
+    const std::shared_ptr<trace::Value>& traced_value() const { return traced_; }
+    /// A tracing tensor (contiguous logical layout, no storage) for a traced value.
+    static Tensor make_traced(std::shared_ptr<trace::Value> v, const Shape& shape, DType dtype) {
+        Tensor t;
+        t.traced_ = std::move(v);
+        t.shape_ = shape;
+        t.strides_ = contiguous_strides(shape);
+        t.dtype_ = dtype;
+        return t;
+    }
     const Shape& shape() const { return shape_; }
     const Strides& strides() const { return strides_; }
     std::int64_t offset() const { return offset_; }
@@ -76,11 +99,13 @@ public:
 
     /// Address of the first element (after the offset).
     void* data_ptr() const {
+        if (traced_) return trace::materialize(*this, std::source_location::current()).data_ptr();
         return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size());
     }
     /// Typed address of the first element; T must be the tensor's dtype.
     template <Element T>
     T* data(Loc loc = Loc::current()) const {
+        if (traced_) return trace::materialize(*this, loc).template data<T>(loc);
         check_dtype<T>("data", loc);
         return static_cast<T*>(data_ptr());
     }
@@ -89,6 +114,7 @@ public:
     /// Reference to one element; T must be the dtype. Negative indices count from the end.
     template <Element T>
     T& at(std::initializer_list<std::int64_t> index, Loc loc = Loc::current()) const {
+        if (traced_) return trace::materialize(*this, loc).template at<T>(index, loc);
         check_dtype<T>("at", loc);
         return *reinterpret_cast<T*>(element_address(index, loc));
     }
@@ -103,6 +129,7 @@ public:
     /// Element `flat` in row-major logical order, converted to T.
     template <Element T>
     T item(std::int64_t flat, Loc loc = Loc::current()) const {
+        if (traced_) return trace::materialize(*this, loc).template item<T>(flat, loc);
         if (flat < 0 || flat >= numel())
             detail::fail<ValueError>("item", "index " + std::to_string(flat) + " is out of range for " +
                                                  std::to_string(numel()) + " elements", loc);
@@ -166,8 +193,8 @@ public:
 
     /// Same storage and same view.
     bool is_same(const Tensor& o) const {
-        return storage_ == o.storage_ && offset_ == o.offset_ && shape_ == o.shape_ && strides_ == o.strides_ &&
-               dtype_ == o.dtype_;
+        return storage_ == o.storage_ && traced_ == o.traced_ && offset_ == o.offset_ && shape_ == o.shape_ &&
+               strides_ == o.strides_ && dtype_ == o.dtype_;
     }
 
 private:
@@ -194,6 +221,7 @@ private:
         return static_cast<char*>(data_ptr()) + off * static_cast<std::int64_t>(element_size());
     }
     Tensor with_view(const Shape& shape, const Strides& strides, std::int64_t offset) const {
+        if (traced_) return trace::record_view(*this, Tensor(nullptr, offset, shape, strides, dtype_));
         return Tensor(storage_, offset, shape, strides, dtype_);
     }
 
@@ -202,6 +230,7 @@ private:
     Shape shape_;
     Strides strides_;
     DType dtype_ = DType::f32;
+    std::shared_ptr<trace::Value> traced_;
 };
 
 namespace detail {

@@ -8,6 +8,7 @@
 
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/expr/node.hpp"
+#include "kiln/trace/tracer.hpp"
 
 namespace kiln::expr {
 
@@ -303,6 +304,10 @@ namespace kiln {
 template <class E>
     requires IsExprNode<E>::value
 Tensor::Tensor(const E& e, Loc loc) {
+    if (trace::any_traced(e)) {
+        *this = trace::record_expr(e, loc);
+        return;
+    }
     if (!e.info.ok()) e.info.raise(loc);
     *this = Tensor(e.info.shape, e.info.dtype);
     expr::evaluate_into(e, *this);
@@ -320,6 +325,7 @@ inline Tensor eval(const Tensor& t, std::source_location = std::source_location:
 /// intermediate materialized. The baseline that fused results are tested and timed against.
 template <TensorExpr E>
 Tensor eager(const E& e, std::source_location loc = std::source_location::current()) {
+    if (trace::any_traced(e)) return trace::record_expr(e, loc);
     if (!e.info.ok()) e.info.raise(loc);
     return expr::eager_eval(e);
 }
@@ -331,6 +337,18 @@ Tensor& Tensor::assign(const E& e, Loc loc) {
         return copy_(e, loc);
     } else {
         static_assert(TensorExpr<E>, "kiln::Tensor::assign takes a Tensor or a tensor expression");
+        if (is_traced() || trace::any_traced(e)) {
+            // traced programs are functional: the write rebinds this handle to the new value
+            if (!is_traced())
+                detail::fail<ValueError>("assign", "cannot write a traced value into a tensor captured by a traced "
+                                                   "function (return it instead)", loc);
+            Tensor v = trace::record_expr(e, loc);
+            if (!(v.shape() == shape_) || v.dtype() != dtype_)
+                detail::fail<ShapeError>("assign", "in a traced function the value must have the destination's shape "
+                                                   "and dtype: got " + v.shape().str() + " " + std::string(dtype_name(v.dtype())) +
+                                                   " for " + shape_.str() + " " + std::string(dtype_name(dtype_)), loc);
+            return *this = v;
+        }
         if (!e.info.ok()) e.info.raise(loc);
         Shape b;
         if (!detail::try_broadcast(e.info.shape, shape_, b) || !(b == shape_))

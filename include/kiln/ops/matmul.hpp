@@ -4,6 +4,7 @@
 #include <Eigen/Core>
 
 #include "kiln/ops/copy.hpp"
+#include "kiln/trace/tracer.hpp"
 
 namespace kiln {
 namespace detail {
@@ -11,16 +12,29 @@ namespace detail {
 /// Calls f with an Eigen::Map over the (rows, cols) matrix at p with element strides (rs, cs):
 /// row-major or column-major as the strides say, so a transposed view is a layout, not a copy.
 /// Returns false when neither stride is 1 (the caller copies first).
+/// Whether (rows, cols) at element strides (rs, cs) is a row-major (or column-major) matrix
+/// Eigen can map: unit inner stride and an outer stride that steps past a whole row (column).
+/// Broadcast (stride 0) and overlapping layouts are neither; the caller copies them first.
+inline bool row_major_ok(std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs) {
+    return (cs == 1 || cols == 1) && (rows == 1 || rs >= cols);
+}
+inline bool col_major_ok(std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs) {
+    return (rs == 1 || rows == 1) && (cols == 1 || cs >= rows);
+}
+
+/// Calls f with an Eigen::Map over the (rows, cols) matrix at p with element strides (rs, cs):
+/// row-major or column-major as the strides say, so a transposed view is a layout, not a copy.
+/// Returns false when neither layout fits (the caller copies first).
 template <class T, class F>
 bool with_matrix_map(const T* p, std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs, F&& f) {
     using RowM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     using ColM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-    if (cs == 1 || cols == 1) {
-        f(Eigen::Map<const RowM, Eigen::Unaligned, Eigen::OuterStride<>>(p, rows, cols, Eigen::OuterStride<>(rows == 1 ? cols : std::max<std::int64_t>(rs, cols))));
+    if (row_major_ok(rows, cols, rs, cs)) {
+        f(Eigen::Map<const RowM, Eigen::Unaligned, Eigen::OuterStride<>>(p, rows, cols, Eigen::OuterStride<>(rows == 1 ? cols : rs)));
         return true;
     }
-    if (rs == 1 || rows == 1) {
-        f(Eigen::Map<const ColM, Eigen::Unaligned, Eigen::OuterStride<>>(p, rows, cols, Eigen::OuterStride<>(cols == 1 ? rows : std::max<std::int64_t>(cs, rows))));
+    if (col_major_ok(rows, cols, rs, cs)) {
+        f(Eigen::Map<const ColM, Eigen::Unaligned, Eigen::OuterStride<>>(p, rows, cols, Eigen::OuterStride<>(cols == 1 ? rows : cs)));
         return true;
     }
     return false;
@@ -53,7 +67,7 @@ void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c) {
 
 inline bool gemm_layout_ok(const Tensor& t) {
     const std::int64_t rows = t.size(1), cols = t.size(2), rs = t.stride(1), cs = t.stride(2);
-    return cs == 1 || cols == 1 || rs == 1 || rows == 1;
+    return row_major_ok(rows, cols, rs, cs) || col_major_ok(rows, cols, rs, cs);
 }
 
 }  // namespace detail
@@ -78,6 +92,12 @@ inline Tensor matmul(const Tensor& a_in, const Tensor& b_in, std::source_locatio
     if (!detail::try_broadcast(ba, bb, batch))
         detail::fail<ShapeError>("matmul", "batch dims " + ba.str() + " and " + bb.str() + " do not broadcast (shapes " +
                                                a_in.shape().str() + " and " + b_in.shape().str() + ")", loc);
+    if (a_in.is_traced() || b_in.is_traced()) {
+        Shape out = batch;
+        if (a_in.rank() > 1) out.push_back(m);
+        if (b_in.rank() > 1) out.push_back(n);
+        return trace::record_matmul(a_in, b_in, out, dt, loc);
+    }
     const DType ct = compute_dtype(dt);
     Shape sa = batch, sb = batch, sc = batch;
     sa.push_back(m); sa.push_back(k);

@@ -23,10 +23,8 @@ enum class DTypeRule : std::uint8_t {
 
 namespace detail {
 
-template <class V> struct ScalarOf { using type = V; };
-template <class T, class A> struct ScalarOf<xsimd::batch<T, A>> { using type = T; };
-/// Element type of a scalar or a SIMD batch.
-template <class V> using scalar_of = typename ScalarOf<V>::type;
+/// Element type of a scalar or a SIMD batch (the SIMD header owns what a batch is).
+template <class V> using scalar_of = kiln::detail::simd::scalar_of<V>;
 template <class V> inline constexpr bool is_int_v = std::is_integral_v<scalar_of<V>>;
 
 // Integer arithmetic wraps like the hardware does (and like torch), instead of being UB on scalars.

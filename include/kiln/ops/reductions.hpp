@@ -8,6 +8,7 @@
 
 #include "kiln/backends/cpu/reduce.hpp"
 #include "kiln/ops/copy.hpp"
+#include "kiln/trace/tracer.hpp"
 
 namespace kiln {
 
@@ -66,6 +67,13 @@ auto as_expr(const X& x) {
     else return x;
 }
 
+template <class R> ir::ReduceKind reduce_kind() {
+    if constexpr (std::is_same_v<R, ops::SumR>) return ir::ReduceKind::sum;
+    else if constexpr (std::is_same_v<R, ops::ProdR>) return ir::ReduceKind::prod;
+    else if constexpr (std::is_same_v<R, ops::MaxR>) return ir::ReduceKind::max;
+    else return ir::ReduceKind::min;
+}
+
 template <class R, class X>
 Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_location& loc) {
     static_assert(Operand<X> && !std::is_arithmetic_v<X>, "kiln: reductions take a Tensor or a tensor expression");
@@ -76,6 +84,9 @@ Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_loca
     const DType out_dtype = ops::reduce_dtype<R>(e.info.dtype);
     std::int64_t outer, inner;
     const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
+    if (trace::any_traced(e))
+        return trace::record_reduce(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, reduced_shape(s, mask, keepdim),
+                                    out_dtype, loc);
     Tensor out(reduced_shape(s, mask, keepdim), out_dtype);
     if (inner == 0 && R::needs_elements && outer > 0)
         fail<ValueError>(R::name, "cannot reduce over an empty dimension of shape " + s.str() + " (no identity)", loc);
@@ -99,7 +110,10 @@ Tensor arg_reduce(const X& x, std::optional<std::int64_t> axis, bool keepdim, co
     const unsigned mask = axis ? reduce_mask(Axes{*axis}, s.rank(), op, loc) : reduce_mask(Axes{}, s.rank(), op, loc);
     std::int64_t outer, inner;
     const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
-    Tensor out(axis ? reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{}), DType::i64);
+    const Shape out_shape = axis ? reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{});
+    if (trace::any_traced(e))
+        return trace::record_reduce(e, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim, out_shape, DType::i64, loc);
+    Tensor out(out_shape, DType::i64);
     if (inner == 0 && outer > 0) fail<ValueError>(op, "cannot reduce over an empty dimension of shape " + s.str(), loc);
     if (outer == 0) return out;
     const expr::Evaluator<std::remove_cvref_t<decltype(e)>> ev(e, s, perm);

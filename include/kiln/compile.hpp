@@ -1,0 +1,578 @@
+// kiln::compile: trace a function into a graph, optimize and fuse it, cache the program under guards.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/backends/cpu/graph_exec.hpp"
+#include "kiln/cache/guards.hpp"
+#include "kiln/debug/logs.hpp"
+#include "kiln/fuse/fuser.hpp"
+#include "kiln/ir/hash.hpp"
+#include "kiln/ir/printer.hpp"
+#include "kiln/passes/pipeline.hpp"
+#include "kiln/trace/tracer.hpp"
+
+namespace kiln {
+
+/// How a compiled function runs.
+enum class Backend : std::uint8_t {
+    eager,   ///< no capture: the function itself, one kernel per op (the baseline)
+    graph,   ///< captured and optimized, then run one op per kernel (no fusion)
+    fused,   ///< captured, optimized and fused (the default)
+    custom,  ///< Options::custom_backend turns the graph into an executable
+};
+/// Whether dims may change without recompiling.
+enum class Dynamic : std::uint8_t {
+    automatic,  ///< static first; a dim that changes size becomes symbolic, so a third size reuses the program
+    on,         ///< every dim symbolic from the first call (sizes 0 and 1 stay specialized)
+    off,        ///< every new size recompiles
+};
+/// What happens when a function would compile more than Options::recompile_limit times.
+enum class Stance : std::uint8_t { fallback_eager, error };
+
+/// Thrown when the recompile limit is hit with Stance::error.
+class RecompileLimitError : public Error { using Error::Error; };
+
+/// A program a backend made from a graph: input tensors in, output tensors out.
+using Executable = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+struct Options {
+    Backend backend = Backend::fused;
+    Dynamic dynamic = Dynamic::automatic;
+    int recompile_limit = 8;
+    Stance stance = Stance::fallback_eager;
+    bool fullgraph = false;  ///< a graph break throws GraphBreakError instead of splitting the graph
+    std::function<Executable(const ir::Graph&)> custom_backend{};
+    fuse::Limits limits{};
+};
+
+namespace detail {
+
+// ------------------------------------------------------------------ flattening arguments and results
+/// Arguments flattened: tensors in order, numbers (guarded by value), and the sizes of vectors.
+struct Flat {
+    std::vector<Tensor> tensors;
+    std::vector<double> numbers;
+    std::vector<std::size_t> sizes;
+};
+
+template <class T> struct is_tuple_like : std::false_type {};
+template <class... A> struct is_tuple_like<std::tuple<A...>> : std::true_type {};
+template <class A, class B> struct is_tuple_like<std::pair<A, B>> : std::true_type {};
+template <class T> struct is_vector : std::false_type {};
+template <class T, class A> struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class T> struct is_array : std::false_type {};
+template <class T, std::size_t N> struct is_array<std::array<T, N>> : std::true_type {};
+
+template <class T> void flatten(const T& a, Flat& f) {
+    using D = std::remove_cvref_t<T>;
+    if constexpr (std::is_same_v<D, Tensor>) {
+        f.tensors.push_back(a);
+    } else if constexpr (std::is_arithmetic_v<D>) {
+        f.numbers.push_back(static_cast<double>(a));
+    } else if constexpr (is_vector<D>::value || is_array<D>::value) {
+        f.sizes.push_back(a.size());
+        for (const auto& x : a) flatten(x, f);
+    } else if constexpr (is_tuple_like<D>::value) {
+        std::apply([&](const auto&... x) { (flatten(x, f), ...); }, a);
+    } else {
+        static_assert(std::is_same_v<D, Tensor>,
+                      "kiln::compile: arguments and results must be Tensors, numbers, or std::tuple / std::pair / "
+                      "std::vector / std::array of them");
+    }
+}
+
+/// A copy of a with each Tensor replaced by next() (the traced or concrete tensor for it).
+template <class T, class Next> T rebuild(const T& a, Next& next) {
+    using D = std::remove_cvref_t<T>;
+    if constexpr (std::is_same_v<D, Tensor>) {
+        return next();
+    } else if constexpr (std::is_arithmetic_v<D>) {
+        return a;
+    } else if constexpr (is_vector<D>::value) {
+        D out;
+        out.reserve(a.size());
+        for (const auto& x : a) out.push_back(rebuild(x, next));
+        return out;
+    } else if constexpr (is_array<D>::value) {
+        D out;
+        for (std::size_t i = 0; i < a.size(); ++i) out[i] = rebuild(a[i], next);
+        return out;
+    } else {
+        return std::apply([&](const auto&... x) { return D{rebuild(x, next)...}; }, a);
+    }
+}
+
+// ------------------------------------------------------------------ compiled entries
+/// One cached program: its guards and how to run it.
+struct Entry {
+    std::vector<cache::TensorGuard> guards;
+    std::vector<double> numbers;
+    std::vector<std::size_t> sizes;
+    bool lazy = false;  ///< the function breaks the graph: every call re-traces, segments are cached
+    Executable run;     ///< whole-graph program (not lazy)
+    std::vector<std::size_t> out_sizes;  ///< the result's vector sizes
+    std::string graph_text;
+    std::string fusion_text;  ///< the kernels, one line each
+    std::string dot;          ///< the graph with kernels as clusters
+    int kernels = 0;
+    std::uint64_t hash = 0;
+
+    bool matches(const Flat& f) const {
+        if (f.tensors.size() != guards.size() || f.numbers != numbers || f.sizes != sizes) return false;
+        for (std::size_t i = 0; i < guards.size(); ++i)
+            if (!guards[i].matches(f.tensors[i])) return false;
+        return true;
+    }
+};
+
+/// A segment of a graph-breaking function: cached by structural hash and input guards.
+struct Segment {
+    std::uint64_t hash;
+    std::vector<cache::TensorGuard> guards;
+    Executable run;
+};
+
+/// Whether shapes in the graph are all derivable from the inputs at run time (views bake in
+/// strides, so graphs with views stay static).
+inline bool shape_polymorphic(const ir::Graph& g) {
+    for (const ir::Node& n : g.nodes)
+        if (n.kind == ir::Kind::view) return false;
+    return true;
+}
+
+/// Shapes of every node for concrete inputs (dynamic programs re-derive them on each call).
+inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
+    for (int i = 0; i < g.size(); ++i) {
+        ir::Node& n = g[i];
+        switch (n.kind) {
+            case ir::Kind::input: n.shape = inputs[static_cast<std::size_t>(n.index)].shape(); break;
+            case ir::Kind::constant: n.shape = n.tensor.shape(); break;
+            case ir::Kind::scalar: break;
+            case ir::Kind::elementwise: {
+                Shape s;
+                for (int j : n.in)
+                    if (g[j].kind != ir::Kind::scalar) kiln::detail::try_broadcast(s, g[j].shape, s);
+                n.shape = s;
+                break;
+            }
+            case ir::Kind::reduce: case ir::Kind::arg_reduce: {
+                const Shape& x = g[n.in[0]].shape;
+                Shape s;
+                for (int d = 0; d < x.rank(); ++d) {
+                    if (!(n.mask & (1u << d))) s.push_back(x[d]);
+                    else if (n.keepdim) s.push_back(1);
+                }
+                n.shape = s;
+                break;
+            }
+            case ir::Kind::matmul: {
+                const Shape& a = g[n.in[0]].shape;
+                const Shape& b = g[n.in[1]].shape;
+                Shape ba, bb, batch;
+                for (int d = 0; d < a.rank() - 2; ++d) ba.push_back(a[d]);
+                for (int d = 0; d < b.rank() - 2; ++d) bb.push_back(b[d]);
+                kiln::detail::try_broadcast(ba, bb, batch);
+                if (a.rank() > 1) batch.push_back(a[a.rank() - 2]);
+                if (b.rank() > 1) batch.push_back(b[b.rank() - 1]);
+                n.shape = batch;
+                break;
+            }
+            case ir::Kind::view: break;
+        }
+    }
+}
+
+/// The backend's executable for an optimized graph.
+inline Executable make_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic) {
+    if (opt.backend == Backend::custom) {
+        if (!opt.custom_backend) throw ValueError("kiln::compile: Backend::custom needs Options::custom_backend");
+        kernels = 0;
+        return opt.custom_backend(g);
+    }
+    fuse::Plan plan;
+    if (opt.backend == Backend::graph) {
+        // every computed node its own kernel: the captured graph, no fusion
+        fuse::Limits one = opt.limits;
+        one.max_nodes = 1;
+        one.max_row = 0;
+        ir::Graph copy = g;  // every computed node an output: each one materialized
+        for (int i = 0; i < copy.size(); ++i)
+            if (copy[i].kind != ir::Kind::input && copy[i].kind != ir::Kind::constant && copy[i].kind != ir::Kind::scalar)
+                copy.outputs.push_back(i);
+        plan = fuse::plan(copy, one);
+        auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(copy, plan);
+        kernels = plan.kernels();
+        const std::size_t nout = g.outputs.size();
+        return [prog, nout](const std::vector<Tensor>& in) {
+            std::vector<Tensor> all = prog->run(in);
+            all.resize(nout);
+            return all;
+        };
+    }
+    plan = fuse::plan(g, opt.limits);
+    kernels = plan.kernels();
+    if (debug::log_on("fusion")) {
+        std::ostringstream s;
+        s << kernels << " kernel(s) from " << g.size() << " nodes:";
+        for (const auto& G : plan.groups) {
+            s << "\n  " << fuse::group_kind_name(G.kind) << " {";
+            for (int j : G.nodes) s << " %" << j;
+            s << " }";
+        }
+        debug::log("fusion", s.str());
+    }
+    auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(g, plan);
+    if (!dynamic) return [prog](const std::vector<Tensor>& in) { return prog->run(in); };
+    const Options o = opt;
+    return [prog, o](const std::vector<Tensor>& in) {
+        ir::Graph g2 = prog->graph();
+        infer_shapes(g2, in);
+        fuse::Plan p2 = prog->plan();
+        for (auto& G : p2.groups)
+            if (G.kind == fuse::Group::Kind::row)
+                for (int j : G.nodes)
+                    if (g2[j].kind == ir::Kind::reduce) {
+                        G.space = g2[g2[j].in[0]].shape;
+                        break;
+                    }
+        return kiln::detail::CpuGraphProgram(std::move(g2), std::move(p2)).run(in);
+    };
+}
+
+}  // namespace detail
+
+/// A compiled function: call it like the original. Thread-safe; concurrent first calls compile once.
+template <class F>
+class Compiled {
+public:
+    Compiled(F fn, Options opt) : fn_(std::move(fn)), opt_(std::move(opt)), state_(std::make_shared<State>()) {}
+
+    template <class... Args>
+    auto operator()(const Args&... args) {
+        using R = std::invoke_result_t<F&, const Args&...>;
+        if (opt_.backend == Backend::eager) return fn_(args...);
+        detail::Flat flat;
+        (detail::flatten(args, flat), ...);
+        // fast path: a cached whole-graph program whose guards pass
+        {
+            std::shared_lock lock(state_->mu);
+            for (const auto& e : state_->entries)
+                if (e->matches(flat)) {
+                    if (e->lazy) {
+                        lock.unlock();
+                        return trace_call<R>(flat, *e, args...);
+                    }
+                    return unflatten<R>(e->run(flat.tensors), e->out_sizes);
+                }
+            if (state_->eager_fallback) return fn_(args...);
+        }
+        std::unique_lock lock(state_->mu);
+        for (const auto& e : state_->entries)  // compiled by a concurrent first call meanwhile?
+            if (e->matches(flat)) {
+                if (e->lazy) {
+                    lock.unlock();
+                    return trace_call<R>(flat, *e, args...);
+                }
+                return unflatten<R>(e->run(flat.tensors), e->out_sizes);
+            }
+        if (state_->eager_fallback) return fn_(args...);
+        // a recompile: why, and whether the limit allows it
+        if (!state_->entries.empty()) {
+            const std::string why = mismatch_reason(*state_->entries.back(), flat);
+            if (static_cast<int>(state_->entries.size()) >= opt_.recompile_limit) {
+                const std::string msg = "kiln::compile: recompile limit (" + std::to_string(opt_.recompile_limit) +
+                                        ") reached; last reason: " + why;
+                if (opt_.stance == Stance::error) throw RecompileLimitError(msg);
+                debug::Logs::instance().write("recompiles", msg + "; falling back to eager");
+                std::fprintf(stderr, "kiln: warning: %s; running eagerly from now on\n", msg.c_str());
+                state_->eager_fallback = true;
+                return fn_(args...);
+            }
+            debug::log("recompiles", "recompiling: " + why);
+        }
+        auto entry = std::make_shared<detail::Entry>();
+        entry->numbers = flat.numbers;
+        entry->sizes = flat.sizes;
+        // dims that already changed size become symbolic (automatic), or all of them (on)
+        for (std::size_t i = 0; i < flat.tensors.size(); ++i) {
+            std::vector<char>& dyn = dynamic_dims(i, flat.tensors[i].rank());
+            entry->guards.push_back(cache::TensorGuard::of(flat.tensors[i], dyn));
+        }
+        state_->compiles++;
+        R result = trace_first<R>(flat, *entry, args...);
+        if (debug::log_on("guards")) {
+            std::string s = "guards:";
+            for (std::size_t i = 0; i < entry->guards.size(); ++i) s += " arg" + std::to_string(i) + "=" + entry->guards[i].str();
+            debug::log("guards", s);
+        }
+        state_->entries.push_back(std::move(entry));
+        return result;
+    }
+
+    /// Programs compiled so far (recompiles + 1), and cached entries.
+    int compiles() const { return state_->compiles; }
+    /// Kernels of the most recent whole-graph program (0 for graph-breaking functions).
+    int kernels() const {
+        std::shared_lock lock(state_->mu);
+        return state_->entries.empty() ? 0 : state_->entries.back()->kernels;
+    }
+    /// The optimized graph of the most recent program, as text.
+    std::string graph() const {
+        std::shared_lock lock(state_->mu);
+        return state_->entries.empty() ? std::string() : state_->entries.back()->graph_text;
+    }
+    /// Graph breaks seen by the last trace.
+    std::vector<trace::Break> graph_breaks() const {
+        std::shared_lock lock(state_->mu);
+        return state_->last_breaks;
+    }
+    /// The most recent program as Graphviz DOT, kernels as clusters.
+    std::string dot() const {
+        std::shared_lock lock(state_->mu);
+        return state_->entries.empty() ? std::string() : state_->entries.back()->dot;
+    }
+    /// What the most recent compile produced, in words: graphs, breaks, kernels, the graph.
+    std::string report() const {
+        std::shared_lock lock(state_->mu);
+        if (state_->entries.empty()) return "not compiled yet\n";
+        const auto& e = *state_->entries.back();
+        std::ostringstream s;
+        s << "graphs: " << (e.lazy ? state_->last_breaks.size() + 1 : 1) << "\n";
+        s << "graph breaks: " << state_->last_breaks.size() << "\n";
+        for (const auto& b : state_->last_breaks) s << "  " << b.reason << " at " << kiln::detail::format_location(b.loc) << "\n";
+        if (e.lazy) {
+            s << "segments compiled: " << state_->segments.size() << "\n";
+        } else {
+            s << "kernels: " << e.kernels << "\n" << e.fusion_text << "graph:\n" << e.graph_text;
+        }
+        s << "compiles: " << state_->compiles << "\n";
+        return s.str();
+    }
+    /// Whether the recompile limit switched this function to eager.
+    bool fell_back_to_eager() const { return state_->eager_fallback; }
+
+private:
+    struct State {
+        mutable std::shared_mutex mu;
+        std::vector<std::shared_ptr<detail::Entry>> entries;
+        std::vector<std::vector<char>> dynamic;  ///< per argument tensor, per dim
+        std::vector<std::vector<Dims>> seen;     ///< sizes seen per argument tensor
+        std::mutex seg_mu;
+        std::vector<detail::Segment> segments;
+        std::vector<trace::Break> last_breaks;
+        int compiles = 0;
+        bool eager_fallback = false;
+    };
+
+    std::vector<char>& dynamic_dims(std::size_t arg, int rank) {
+        if (state_->dynamic.size() <= arg) state_->dynamic.resize(arg + 1);
+        auto& d = state_->dynamic[arg];
+        if (static_cast<int>(d.size()) != rank) d.assign(static_cast<std::size_t>(rank), opt_.dynamic == Dynamic::on ? 1 : 0);
+        return d;
+    }
+
+    /// Why flat fails e's guards; under automatic dynamic, marks changed dims symbolic.
+    std::string mismatch_reason(const detail::Entry& e, const detail::Flat& flat) {
+        if (flat.tensors.size() != e.guards.size()) return "the number of tensor arguments changed";
+        if (flat.numbers != e.numbers) return "a number argument changed value";
+        if (flat.sizes != e.sizes) return "a vector argument changed length";
+        for (std::size_t i = 0; i < e.guards.size(); ++i) {
+            const std::string m = e.guards[i].mismatch(flat.tensors[i]);
+            if (m.empty()) continue;
+            std::string why = "argument " + std::to_string(i) + " " + m;
+            const auto& g = e.guards[i];
+            const Tensor& t = flat.tensors[i];
+            if (opt_.dynamic == Dynamic::automatic && t.rank() == g.dims.rank() && t.dtype() == g.dtype && e.run) {
+                auto& dyn = dynamic_dims(i, t.rank());
+                for (int d = 0; d < t.rank(); ++d)
+                    if (g.dims[d] != cache::symbolic && g.dims[d] != t.shape()[d] && cache::size_class(g.dims[d]) == 2 &&
+                        cache::size_class(t.shape()[d]) == 2 && e.lazy == false && polymorphic_) {
+                        dyn[static_cast<std::size_t>(d)] = 1;
+                        why += "; marking dim " + std::to_string(d) + " dynamic";
+                    }
+            }
+            return why;
+        }
+        return "unknown";
+    }
+
+    template <class... Args>
+    auto call_traced(trace::Tracer& tr, const detail::Flat& flat, const Args&... args) {
+        std::size_t k = 0;
+        auto next = [&]() { return tr.input(flat.tensors[k++]); };
+        trace::ActiveScope scope(&tr);
+        return std::apply([&](const auto&... a) { return fn_(a...); }, std::tuple<Args...>{detail::rebuild(args, next)...});
+    }
+
+    /// Runs a segment through the segment cache (graph-breaking functions).
+    Executable segment_runner(const ir::Graph& raw, const std::vector<Tensor>& inputs) {
+        ir::Graph g = passes::run_pipeline(raw, graph_logger());
+        const std::uint64_t h = ir::structural_hash(g);
+        std::lock_guard lock(state_->seg_mu);
+        for (const auto& s : state_->segments) {
+            if (s.hash != h || s.guards.size() != inputs.size()) continue;
+            bool ok = true;
+            for (std::size_t i = 0; i < inputs.size() && ok; ++i) ok = s.guards[i].matches(inputs[i]);
+            if (ok) return s.run;
+        }
+        detail::Segment s{h, {}, {}};
+        for (const Tensor& t : inputs) s.guards.push_back(cache::TensorGuard::of(t, {}));
+        int kernels = 0;
+        s.run = detail::make_executable(g, opt_, kernels, false);
+        debug::log("cache", "compiled a graph segment (" + std::to_string(kernels) + " kernels)");
+        state_->segments.push_back(s);
+        return s.run;
+    }
+
+    std::function<void(const std::string&, const ir::Graph&)> graph_logger() const {
+        if (!debug::log_on("graph")) return {};
+        return [](const std::string& pass, const ir::Graph& g) { debug::log("graph", "after " + pass + ":\n" + ir::to_string(g)); };
+    }
+
+    template <class R>
+    R unflatten(const std::vector<Tensor>& outs, const std::vector<std::size_t>& sizes) {
+        std::size_t k = 0, s = 0;
+        return unflatten_one<R>(outs, k, sizes, s);
+    }
+    template <class R>
+    R unflatten_one(const std::vector<Tensor>& outs, std::size_t& k, const std::vector<std::size_t>& sizes, std::size_t& s) {
+        using D = std::remove_cvref_t<R>;
+        if constexpr (std::is_same_v<D, Tensor>) {
+            return outs[k++];
+        } else if constexpr (detail::is_vector<D>::value) {
+            D out;
+            const std::size_t n = sizes[s++];
+            for (std::size_t i = 0; i < n; ++i) out.push_back(unflatten_one<typename D::value_type>(outs, k, sizes, s));
+            return out;
+        } else if constexpr (detail::is_array<D>::value) {
+            D out;
+            ++s;
+            for (auto& x : out) x = unflatten_one<typename D::value_type>(outs, k, sizes, s);
+            return out;
+        } else {
+            return [&]<std::size_t... I>(std::index_sequence<I...>) {
+                return D{unflatten_one<std::tuple_element_t<I, D>>(outs, k, sizes, s)...};
+            }(std::make_index_sequence<std::tuple_size_v<D>>{});
+        }
+    }
+
+    /// The first call for these guards: trace, optimize, fuse, run; keeps the program when the
+    /// trace did not break.
+    template <class R, class... Args>
+    R trace_first(const detail::Flat& flat, detail::Entry& entry, const Args&... args) {
+        trace::Tracer tr([this](const ir::Graph& g, const std::vector<Tensor>& in) { return segment_runner(g, in)(in); },
+                         opt_.fullgraph);
+        R traced = call_traced(tr, flat, args...);
+        detail::Flat outs;
+        detail::flatten(traced, outs);
+        entry.out_sizes = outs.sizes;
+        state_->last_breaks = tr.breaks();
+        for (const auto& b : tr.breaks())
+            debug::log("graph_breaks", "graph break (" + b.reason + ") at " + kiln::detail::format_location(b.loc));
+        if (!tr.breaks().empty()) {
+            entry.lazy = true;
+            return finish_segment<R>(tr, outs, entry.out_sizes);
+        }
+        // one whole graph
+        ir::Graph& g = tr.graph();
+        for (const Tensor& t : outs.tensors) g.outputs.push_back(tr.node_of(t));
+        ir::Graph opt = passes::run_pipeline(g, graph_logger());
+        polymorphic_ = detail::shape_polymorphic(opt);
+        bool dynamic = false;
+        for (const auto& gd : entry.guards)
+            for (auto d : gd.dims) dynamic = dynamic || d == cache::symbolic;
+        if (dynamic && !polymorphic_) {  // views bake in shapes: specialize after all
+            for (std::size_t i = 0; i < entry.guards.size(); ++i) entry.guards[i] = cache::TensorGuard::of(flat.tensors[i], {});
+            dynamic = false;
+        }
+        entry.graph_text = ir::to_string(opt);
+        {
+            const fuse::Plan plan = fuse::plan(opt, opt_.limits);
+            entry.dot = ir::to_dot(opt, plan.group_of);
+            std::ostringstream s;
+            for (std::size_t k = 0; k < plan.groups.size(); ++k) {
+                const auto& G = plan.groups[k];
+                s << "  kernel " << k << ": " << fuse::group_kind_name(G.kind) << " {";
+                for (int j : G.nodes) s << " %" << j;
+                s << " } -> {";
+                for (int j : G.outputs) s << " %" << j;
+                s << " }\n";
+            }
+            entry.fusion_text = s.str();
+        }
+        entry.hash = ir::structural_hash(opt);
+        entry.run = detail::make_executable(opt, opt_, entry.kernels, dynamic);
+        debug::log("cache", "compiled " + std::to_string(entry.kernels) + " kernel(s), graph hash " + std::to_string(entry.hash));
+        if (debug::log_on("output_code")) debug::log("output_code", entry.graph_text);
+        return unflatten<R>(entry.run(tr.segment_inputs()), entry.out_sizes);
+    }
+
+    /// A graph-breaking function's later calls: trace again, segments come from their cache.
+    template <class R, class... Args>
+    R trace_call(const detail::Flat& flat, const detail::Entry& entry, const Args&... args) {
+        trace::Tracer tr([this](const ir::Graph& g, const std::vector<Tensor>& in) { return segment_runner(g, in)(in); },
+                         opt_.fullgraph);
+        R traced = call_traced(tr, flat, args...);
+        detail::Flat outs;
+        detail::flatten(traced, outs);
+        return finish_segment<R>(tr, outs, entry.out_sizes);
+    }
+
+    template <class R>
+    R finish_segment(trace::Tracer& tr, const detail::Flat& outs, const std::vector<std::size_t>& sizes) {
+        // the last segment computes the results (values from earlier segments pass through)
+        std::vector<Tensor> results(outs.tensors.size());
+        std::vector<std::size_t> pending;
+        ir::Graph& g = tr.graph();
+        for (std::size_t i = 0; i < outs.tensors.size(); ++i) {
+            const Tensor& t = outs.tensors[i];
+            if (!t.is_traced()) results[i] = t;
+            else if (t.traced_value()->segment != tr.segment() && t.traced_value()->concrete.storage())
+                results[i] = t.traced_value()->concrete;
+            else {
+                g.outputs.push_back(tr.node_of(t));
+                pending.push_back(i);
+            }
+        }
+        if (!pending.empty()) {
+            const std::vector<Tensor> got = segment_runner(g, tr.segment_inputs())(tr.segment_inputs());
+            for (std::size_t k = 0; k < pending.size(); ++k) results[pending[k]] = got[k];
+        }
+        return unflatten<R>(results, sizes);
+    }
+
+    F fn_;
+    Options opt_;
+    std::shared_ptr<State> state_;
+    bool polymorphic_ = true;
+};
+
+/// Compiles fn: its first call traces it into a graph, which is optimized, fused and cached;
+/// later calls whose inputs pass the guards run the cached program without calling fn.
+template <class F>
+Compiled<std::decay_t<F>> compile(F&& fn, Options opt = {}) {
+    return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(opt));
+}
+
+/// Compiles fn and calls it once with args, then reports what kiln made of it: graphs, graph
+/// breaks (with source locations), fusion groups and kernels, and the optimized graph.
+template <class F, class... Args>
+std::string explain(F&& fn, const Args&... args) {
+    auto c = compile(std::forward<F>(fn));
+    (void)c(args...);
+    return c.report();
+}
+
+}  // namespace kiln

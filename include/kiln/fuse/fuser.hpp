@@ -1,0 +1,282 @@
+// The fuser: partitions a graph into kernels (fusion groups) for a backend to generate and run.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kiln/ir/graph.hpp"
+
+namespace kiln::fuse {
+
+/// One kernel (or a free view). Groups are listed in the order they run.
+struct Group {
+    enum class Kind : std::uint8_t {
+        elementwise,  ///< a tree of elementwise ops writing one materialized value
+        row,          ///< reductions over the same axes with their producers and consumers, row by row
+        reduce,       ///< one reduction with its elementwise prologue (rows too long for `row`)
+        matmul,       ///< a library call
+        view,         ///< an alias of a materialized value: no kernel
+    } kind;
+    std::vector<int> nodes;    ///< nodes computed inside, in topological order
+    std::vector<int> outputs;  ///< nodes this group materializes
+    std::vector<int> leaves;   ///< materialized nodes (and inputs, constants) it reads
+    Shape space;               ///< row: the iteration shape the rows live in
+    unsigned mask = 0;         ///< row: the reduced axes of `space`
+    DType ct = DType::f32;     ///< row: the compute type of every member
+
+    bool is_kernel() const { return kind != Kind::view; }
+};
+
+inline const char* group_kind_name(Group::Kind k) {
+    switch (k) {
+        case Group::Kind::elementwise: return "elementwise";
+        case Group::Kind::row: return "row";
+        case Group::Kind::reduce: return "reduce";
+        case Group::Kind::matmul: return "matmul";
+        case Group::Kind::view: return "view";
+    }
+    return "?";
+}
+
+/// Limits that bound a group.
+struct Limits {
+    int max_inputs = 24;               ///< leaves per elementwise group before it splits
+    int max_nodes = 64;                ///< nodes per group before it splits
+    std::int64_t max_row = 1 << 16;    ///< longest row (reduced elements) a row group holds
+};
+
+struct Plan {
+    std::vector<Group> groups;
+    std::vector<int> group_of;       ///< node -> group that computes it (-1: leaf or scalar)
+    std::vector<char> materialized;  ///< node has memory of its own (or is an input/constant/view)
+
+    int kernels() const {
+        int k = 0;
+        for (const Group& g : groups) k += g.is_kernel() ? 1 : 0;
+        return k;
+    }
+};
+
+namespace detail {
+
+inline bool aligned_to(const Shape& s, const Shape& space) {
+    if (s.rank() > space.rank()) return false;
+    for (int d = 0; d < s.rank(); ++d) {
+        const std::int64_t sz = s[d], sp = space[space.rank() - s.rank() + d];
+        if (sz != sp && sz != 1) return false;
+    }
+    return true;
+}
+inline Shape keep_shape(const Shape& s, unsigned mask) {
+    Shape k = s;
+    for (int d = 0; d < s.rank(); ++d)
+        if (mask & (1u << d)) k[d] = 1;
+    return k;
+}
+inline std::int64_t row_length(const Shape& s, unsigned mask) {
+    std::int64_t n = 1;
+    for (int d = 0; d < s.rank(); ++d)
+        if (mask & (1u << d)) n *= s[d];
+    return n;
+}
+
+}  // namespace detail
+
+/// Partitions g. Elementwise nodes with one user inline into it; a node with several users, an
+/// output, or an operand of a view or matmul is materialized once. Reductions gather their
+/// producers, and every later elementwise node and reduction over the same rows, into one row
+/// group (row softmax and layer_norm are one kernel each), unless the rows are too long.
+inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
+    using ir::Kind;
+    const int N = g.size();
+    Plan p;
+    p.group_of.assign(static_cast<std::size_t>(N), -1);
+    p.materialized.assign(static_cast<std::size_t>(N), 0);
+    std::vector<int> uses = g.use_counts();
+    std::vector<char> is_output(static_cast<std::size_t>(N), 0);
+    for (int o : g.outputs) is_output[static_cast<std::size_t>(o)] = 1;
+    auto sz = [](int i) { return static_cast<std::size_t>(i); };
+
+    // users of each node
+    std::vector<std::vector<int>> users(sz(N));
+    for (int i = 0; i < N; ++i)
+        for (int j : g[i].in) users[sz(j)].push_back(i);
+
+    // 1. row groups: seeded by each reduction whose rows are short enough
+    std::vector<int> row_of(sz(N), -1);
+    std::vector<Group> rows;
+    auto member_ok = [&](int i, const Group& G) {
+        const ir::Node& n = g[i];
+        if (n.kind == Kind::elementwise)
+            return n.ct == G.ct && (n.dtype == DType::boolean || compute_dtype(n.dtype) == G.ct) &&
+                   detail::aligned_to(n.shape, G.space);
+        if (n.kind == Kind::reduce)
+            return n.in.size() == 1 && g[n.in[0]].shape == G.space && n.mask == G.mask && compute_dtype(n.dtype) == G.ct;
+        return false;
+    };
+    std::vector<char> closed;  // a group read by a later non-member takes no more members
+    auto close_operands = [&](int i) {
+        for (int j : g[i].in)
+            if (row_of[sz(j)] >= 0) closed[sz(row_of[sz(j)])] = 1;
+    };
+    for (int i = 0; i < N; ++i) {
+        const ir::Node& n = g[i];
+        if (n.kind == Kind::reduce) {
+            const int x = n.in[0];
+            const Shape& S = g[x].shape;
+            const bool short_rows = S.numel() > 0 && detail::row_length(S, n.mask) <= lim.max_row &&
+                                    compute_dtype(n.dtype) == compute_dtype(g[x].dtype);
+            const int xg = row_of[sz(x)];
+            if (short_rows && xg >= 0 && !closed[sz(xg)] && member_ok(i, rows[sz(xg)]) &&
+                static_cast<int>(rows[sz(xg)].nodes.size()) < lim.max_nodes) {
+                row_of[sz(i)] = xg;  // more rows work over the same rows: same group
+                rows[sz(xg)].nodes.push_back(i);
+                continue;
+            }
+            close_operands(i);
+            if (!short_rows || xg >= 0) continue;
+            Group G{Group::Kind::row, {}, {}, {}, S, n.mask, compute_dtype(g[x].dtype)};
+            if (!member_ok(i, G)) continue;
+            const int gid = static_cast<int>(rows.size());
+            // the elementwise producers of the operand that nothing else reads
+            std::vector<int> stack{x}, pro;
+            while (!stack.empty()) {
+                const int j = stack.back();
+                stack.pop_back();
+                if (g[j].kind != Kind::elementwise || row_of[sz(j)] >= 0 || !member_ok(j, G)) continue;
+                if (std::find(pro.begin(), pro.end(), j) != pro.end()) continue;
+                bool only_later_users = true;  // every other reader comes after the reduction
+                for (int u : users[sz(j)]) only_later_users = only_later_users && u >= i;
+                if (j != x && uses[sz(j)] > 1) continue;
+                if (j == x && !only_later_users) continue;
+                pro.push_back(j);
+                for (int k : g[j].in) stack.push_back(k);
+            }
+            for (int j : pro) row_of[sz(j)] = gid;
+            row_of[sz(i)] = gid;
+            G.nodes = pro;
+            G.nodes.push_back(i);
+            rows.push_back(std::move(G));
+            closed.push_back(0);
+        } else if (n.kind == Kind::elementwise) {
+            // an elementwise node over operands of one row group joins it
+            int gid = -1;
+            bool conflict = false;
+            for (int j : n.in) {
+                if (row_of[sz(j)] < 0) continue;
+                if (gid >= 0 && row_of[sz(j)] != gid) conflict = true;
+                gid = row_of[sz(j)];
+            }
+            if (gid < 0 || conflict || closed[sz(gid)] || !member_ok(i, rows[sz(gid)]) ||
+                static_cast<int>(rows[sz(gid)].nodes.size()) >= lim.max_nodes) {
+                close_operands(i);
+                continue;
+            }
+            row_of[sz(i)] = gid;
+            rows[sz(gid)].nodes.push_back(i);
+        } else {
+            close_operands(i);
+        }
+    }
+    // members whose values leave the group must have a storable shape; sort members
+    for (auto& G : rows) std::sort(G.nodes.begin(), G.nodes.end());
+
+    // 2. materialization. Outside row groups, an elementwise node joins the group of its users
+    //    when they all belong to one group (computed once per tile there, however many users);
+    //    otherwise it roots a group of its own and is materialized once.
+    std::vector<int> root_of(sz(N), -1);
+    std::vector<int> group_size(sz(N), 0);
+    for (int i = N - 1; i >= 0; --i) {
+        const ir::Node& n = g[i];
+        bool m = false;
+        switch (n.kind) {
+            case Kind::input: case Kind::constant: case Kind::view: case Kind::matmul: case Kind::arg_reduce: m = true; break;
+            case Kind::scalar: m = false; break;
+            case Kind::reduce: m = row_of[sz(i)] < 0 || is_output[sz(i)]; break;
+            case Kind::elementwise: m = is_output[sz(i)]; break;
+        }
+        for (int u : users[sz(i)])
+            if (row_of[sz(i)] >= 0 ? row_of[sz(u)] != row_of[sz(i)] : row_of[sz(u)] >= 0) m = true;  // crosses a row group
+        if (n.kind == Kind::elementwise && row_of[sz(i)] < 0 && !m) {
+            int target = -1;
+            for (int u : users[sz(i)]) {
+                const ir::Node& un = g[u];
+                int t = -1;
+                if (un.kind == Kind::elementwise) t = root_of[sz(u)];
+                else if (un.kind == Kind::reduce || un.kind == Kind::arg_reduce) t = u;
+                if (t < 0 || (target >= 0 && t != target)) {
+                    m = true;
+                    break;
+                }
+                target = t;
+            }
+            if (target < 0 || group_size[sz(target)] >= lim.max_nodes) m = true;
+            if (!m) {
+                root_of[sz(i)] = target;
+                ++group_size[sz(target)];
+            }
+        }
+        if (m && row_of[sz(i)] < 0 && n.kind != Kind::input && n.kind != Kind::constant && n.kind != Kind::scalar) {
+            root_of[sz(i)] = i;
+            group_size[sz(i)] = 1;
+        }
+        p.materialized[sz(i)] = m;
+    }
+    // a row member that must be stored needs the row shape or the kept shape; otherwise it leaves
+    for (auto& G : rows) {
+        const Shape keep = detail::keep_shape(G.space, G.mask);
+        for (int i : G.nodes) {
+            if (!p.materialized[sz(i)]) continue;
+            const ir::Node& n = g[i];
+            const bool storable = n.shape == G.space || n.shape == keep ||
+                                  (n.kind == Kind::reduce && n.shape.numel() == keep.numel());
+            if (!storable) throw InternalError("kiln: fuser: row member %" + std::to_string(i) + " cannot be stored");
+        }
+    }
+
+    // 3. groups in node order: each materialized computed node roots a group (row groups once)
+    std::vector<int> row_group_index(rows.size(), -1);
+    for (int i = 0; i < N; ++i) {
+        const ir::Node& n = g[i];
+        if (row_of[sz(i)] >= 0) {
+            const int r = row_of[sz(i)];
+            if (row_group_index[sz(r)] < 0) {
+                // placed at its last member, so every leaf it reads exists by then
+                const int last = rows[sz(r)].nodes.back();
+                if (i != last) continue;
+                row_group_index[sz(r)] = static_cast<int>(p.groups.size());
+                Group G = rows[sz(r)];
+                for (int j : G.nodes) {
+                    p.group_of[sz(j)] = row_group_index[sz(r)];
+                    if (p.materialized[sz(j)]) G.outputs.push_back(j);
+                    for (int k : g[j].in)
+                        if (row_of[sz(k)] != r && g[k].kind != Kind::scalar) G.leaves.push_back(k);
+                }
+                p.groups.push_back(std::move(G));
+            }
+            continue;
+        }
+        if (root_of[sz(i)] != i) continue;
+        Group G{};
+        G.outputs = {i};
+        if (n.kind == Kind::view) G.kind = Group::Kind::view;
+        else if (n.kind == Kind::matmul) G.kind = Group::Kind::matmul;
+        else if (n.kind == Kind::elementwise) G.kind = Group::Kind::elementwise;
+        else G.kind = Group::Kind::reduce;
+        for (int j = 0; j <= i; ++j)
+            if (root_of[sz(j)] == i) G.nodes.push_back(j);
+        for (int j : G.nodes)
+            for (int k : g[j].in)
+                if (g[k].kind != Kind::scalar && root_of[sz(k)] != i) G.leaves.push_back(k);
+        for (int j : G.nodes) p.group_of[sz(j)] = static_cast<int>(p.groups.size());
+        p.groups.push_back(std::move(G));
+    }
+    for (auto& G : p.groups) {
+        std::sort(G.leaves.begin(), G.leaves.end());
+        G.leaves.erase(std::unique(G.leaves.begin(), G.leaves.end()), G.leaves.end());
+    }
+    return p;
+}
+
+}  // namespace kiln::fuse

@@ -1,0 +1,110 @@
+// The IR: nodes and graphs that tracing records and passes, the fuser and backends consume.
+#pragma once
+
+#include <cstdint>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "kiln/core/tensor.hpp"
+#include "kiln/ops/op_table.hpp"
+
+namespace kiln::ir {
+
+/// What a node computes.
+enum class Kind : std::uint8_t {
+    input,        ///< argument `index` of the traced call
+    constant,     ///< a tensor captured by the traced function (bound by handle, read at run time)
+    scalar,       ///< a number (a C++ literal in an expression, or a folded constant)
+    elementwise,  ///< a table op over broadcast operands
+    reduce,       ///< sum / prod / max / min / mean over `mask`
+    arg_reduce,   ///< argmax / argmin
+    matmul,       ///< matrix product (batch dims broadcast), a library call
+    view,         ///< a movement op: a view of its operand in logical (row-major) order
+};
+
+enum class ReduceKind : std::uint8_t { sum, prod, max, min, mean };
+/// Every movement op of a tracing tensor (reshape, permute, slice, expand, squeeze...) records the
+/// strided view it makes of its operand's logical row-major layout: shape, strides, offset.
+enum class ViewKind : std::uint8_t { as_strided };
+
+inline const char* kind_name(Kind k) {
+    switch (k) {
+        case Kind::input: return "input";
+        case Kind::constant: return "constant";
+        case Kind::scalar: return "scalar";
+        case Kind::elementwise: return "elementwise";
+        case Kind::reduce: return "reduce";
+        case Kind::arg_reduce: return "arg_reduce";
+        case Kind::matmul: return "matmul";
+        case Kind::view: return "view";
+    }
+    return "?";
+}
+inline const char* reduce_name(ReduceKind r) {
+    switch (r) {
+        case ReduceKind::sum: return "sum";
+        case ReduceKind::prod: return "prod";
+        case ReduceKind::max: return "max";
+        case ReduceKind::min: return "min";
+        case ReduceKind::mean: return "mean";
+    }
+    return "?";
+}
+inline const char* view_name(ViewKind) { return "as_strided"; }
+
+/// One value of the graph. Operands always precede their users (the node list is topological).
+struct Node {
+    Kind kind = Kind::input;
+    DType dtype = DType::f32;
+    Shape shape;                 ///< shape for the specialization being built
+    std::vector<int> in;         ///< operand node ids
+    // elementwise
+    ops::OpId op{};
+    DType ct = DType::f32;       ///< compute type
+    DType attr = DType::f32;     ///< cast target
+    // scalar
+    double value = 0;
+    // reduce / arg_reduce
+    ReduceKind rkind = ReduceKind::sum;
+    unsigned mask = 0;           ///< reduced axes of the operand
+    bool keepdim = false;
+    bool arg_max = true;
+    double correction = 0;       ///< mean: sum / max(0, count - correction)
+    // view
+    ViewKind vkind = ViewKind::as_strided;
+    Dims args;                   ///< view: strides over the operand's row-major layout (offset in `value`)
+    // input
+    int index = -1;
+    // constant
+    Tensor tensor;
+    std::source_location loc{};
+
+    bool is_elementwise() const { return kind == Kind::elementwise; }
+};
+
+/// A traced program: nodes in topological order, which of them are inputs and outputs.
+struct Graph {
+    std::vector<Node> nodes;
+    std::vector<int> inputs;   ///< node ids of Kind::input, in argument order
+    std::vector<int> outputs;  ///< node ids returned, in order
+
+    int add(Node n) {
+        nodes.push_back(std::move(n));
+        return static_cast<int>(nodes.size()) - 1;
+    }
+    const Node& operator[](int id) const { return nodes[static_cast<std::size_t>(id)]; }
+    Node& operator[](int id) { return nodes[static_cast<std::size_t>(id)]; }
+    int size() const { return static_cast<int>(nodes.size()); }
+
+    /// Number of users of each node (outputs count as a use).
+    std::vector<int> use_counts() const {
+        std::vector<int> uses(nodes.size(), 0);
+        for (const Node& n : nodes)
+            for (int i : n.in) ++uses[static_cast<std::size_t>(i)];
+        for (int o : outputs) ++uses[static_cast<std::size_t>(o)];
+        return uses;
+    }
+};
+
+}  // namespace kiln::ir

@@ -1,0 +1,44 @@
+// Constant folding: elementwise ops whose operands are all numbers become a number.
+#pragma once
+
+#include "kiln/backends/cpu/op_kernels.hpp"
+#include "kiln/backends/cpu/tile.hpp"
+#include "kiln/passes/rebuild.hpp"
+
+namespace kiln::passes {
+
+/// Replaces each elementwise node whose operands are all scalar nodes by a scalar node holding
+/// its value, computed by the op table in the node's compute type (as the kernel would).
+inline ir::Graph fold_constants(ir::Graph g) {
+    for (int i = 0; i < g.size(); ++i) {
+        ir::Node& n = g[i];
+        if (n.kind != ir::Kind::elementwise || n.in.empty() || n.shape.rank() != 0) continue;
+        bool all = true;
+        for (int j : n.in) all = all && g[j].kind == ir::Kind::scalar;
+        if (!all) continue;
+        double v = 0;
+        bool ok = false;
+        kiln::visit_compute_dtype(n.ct, [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            const kiln::detail::TileKernel<T> k = kiln::detail::tile_kernel<T>(n.op);
+            if (!k) return;
+            T a[3] = {};
+            const T* in[3] = {&a[0], &a[1], &a[2]};
+            for (std::size_t q = 0; q < n.in.size(); ++q) a[q] = static_cast<T>(g[n.in[q]].value);
+            T r{};
+            k(in, &r, 1, n.attr);  // the kernel itself, so folding rounds exactly as running would
+            v = kiln::visit_dtype(n.dtype, [&](auto dtag) {
+                using S = typename decltype(dtag)::type;
+                return static_cast<double>(kiln::detail::load_as<T>(kiln::detail::store_as<S>(r)));
+            });
+            ok = true;
+        });
+        if (!ok) continue;
+        n.kind = ir::Kind::scalar;
+        n.value = v;
+        n.in.clear();
+    }
+    return g;
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,35 @@
+// The pass pipeline: one straight line, verified after every pass, optionally logged.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "kiln/ir/graph.hpp"
+#include "kiln/ir/printer.hpp"
+#include "kiln/ir/verify.hpp"
+#include "kiln/passes/eliminate_common_subexpressions.hpp"
+#include "kiln/passes/eliminate_dead_code.hpp"
+#include "kiln/passes/fold_constants.hpp"
+#include "kiln/passes/simplify.hpp"
+
+namespace kiln::passes {
+
+/// Runs the passes in order; `log(name, graph)` (when set) sees the graph after each one.
+inline ir::Graph run_pipeline(ir::Graph g, const std::function<void(const std::string&, const ir::Graph&)>& log = {}) {
+    auto step = [&](const char* name, ir::Graph next) {
+        ir::verify(next, name);
+        if (log) log(name, next);
+        return next;
+    };
+    if (log) log("trace", g);
+    ir::verify(g, "trace");
+    g = step("fold_constants", fold_constants(std::move(g)));
+    g = step("eliminate_common_subexpressions", eliminate_common_subexpressions(g));
+    g = step("simplify", simplify(g));
+    g = step("fold_constants", fold_constants(std::move(g)));
+    g = step("eliminate_common_subexpressions", eliminate_common_subexpressions(g));
+    g = step("eliminate_dead_code", eliminate_dead_code(g));
+    return g;
+}
+
+}  // namespace kiln::passes

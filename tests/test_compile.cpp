@@ -1,0 +1,419 @@
+// kiln::compile: tracing, passes, fusion (kernel counts), guards and caches, dynamic shapes,
+// graph breaks, backends, diagnostics, and a random-graph fuzzer against eager.
+#include <doctest/doctest.h>
+
+#include <kiln/kiln.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using kiln::DType;
+using kiln::Tensor;
+
+namespace {
+
+double maxdiff(const Tensor& a, const Tensor& b) {
+    REQUIRE(a.shape() == b.shape());
+    double m = 0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+        const double x = a.item<double>(i), y = b.item<double>(i);
+        if (std::isnan(x) && std::isnan(y)) continue;
+        if (std::isinf(x) && x == y) continue;
+        m = std::max(m, std::abs(x - y) / std::max(1.0, std::abs(y)));
+    }
+    return m;
+}
+
+/// Captures log lines of the given channels while alive.
+struct LogCapture {
+    std::vector<std::string> lines;
+    explicit LogCapture(const std::string& channels) {
+        kiln::set_logs(channels);
+        kiln::debug::Logs::instance().set_sink([this](const std::string& l) { lines.push_back(l); });
+    }
+    ~LogCapture() {
+        kiln::set_logs("");
+        kiln::debug::Logs::instance().set_sink({});
+    }
+    bool contains(const std::string& s) const {
+        for (const auto& l : lines)
+            if (l.find(s) != std::string::npos) return true;
+        return false;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("kernel counts: a+b+c is 1, softmax 1, layer_norm 1, matmul+bias+gelu is the GEMM plus 1") {
+    const Tensor a = kiln::randn({16, 32}), b = kiln::randn({32}), c = kiln::randn({16, 32});
+    auto abc = kiln::compile([](const Tensor& x, const Tensor& y, const Tensor& z) { return Tensor(x + y + z); });
+    CHECK(maxdiff(abc(a, b, c), kiln::eager(a + b + c)) == 0);
+    CHECK(abc.kernels() == 1);
+
+    auto sm = kiln::compile([](const Tensor& x) { return kiln::softmax(x, -1); });
+    CHECK(maxdiff(sm(a), kiln::softmax(a, -1)) < 1e-6);
+    CHECK(sm.kernels() == 1);
+
+    const Tensor w = kiln::randn({32}), bias = kiln::randn({32});
+    auto ln = kiln::compile([&](const Tensor& x) { return kiln::layer_norm(x, 1, w, bias); });
+    CHECK(maxdiff(ln(a), kiln::layer_norm(a, 1, w, bias)) < 1e-5);
+    CHECK(ln.kernels() == 1);
+
+    const Tensor w1 = kiln::randn({32, 64}), b1 = kiln::randn({64});
+    auto mlp = kiln::compile([&](const Tensor& x) { return Tensor(kiln::gelu_tanh(kiln::matmul(x, w1) + b1)); });
+    CHECK(maxdiff(mlp(a), Tensor(kiln::gelu_tanh(kiln::matmul(a, w1) + b1))) < 1e-6);
+    CHECK(mlp.kernels() == 2);
+
+    auto lsm = kiln::compile([](const Tensor& x) { return kiln::log_softmax(x, 1); });
+    CHECK(maxdiff(lsm(a), kiln::log_softmax(a, 1)) < 1e-5);
+    CHECK(lsm.kernels() == 1);
+}
+
+TEST_CASE("one graph spans statements, loops and helper calls") {
+    const Tensor x = kiln::randn({64});
+    auto helper = [](const Tensor& t) { return Tensor(kiln::tanh(t) * 0.5); };
+    auto f = kiln::compile([&](const Tensor& in) {
+        Tensor y = in;
+        for (int i = 0; i < 4; ++i) y = helper(y + 1.0);
+        return y;
+    });
+    Tensor ref = x;
+    for (int i = 0; i < 4; ++i) ref = kiln::eager(kiln::tanh(ref + 1.0) * 0.5);
+    CHECK(maxdiff(f(x), ref) < 1e-6);
+    CHECK(f.kernels() == 1);
+}
+
+TEST_CASE("a shared subexpression is computed once; dead code disappears") {
+    const Tensor x = kiln::randn({8, 8});
+    auto f = kiln::compile([](const Tensor& t) {
+        const Tensor unused = Tensor(kiln::sin(t) * 3);  // never returned
+        (void)unused;
+        return Tensor(kiln::exp(t * 2) + kiln::exp(t * 2) * kiln::exp(t * 2));
+    });
+    CHECK(maxdiff(f(x), kiln::eager(kiln::exp(x * 2) + kiln::exp(x * 2) * kiln::exp(x * 2))) < 1e-6);
+    const std::string g = f.graph();
+    INFO(g);
+    std::size_t exps = 0;
+    for (std::size_t p = g.find("exp("); p != std::string::npos; p = g.find("exp(", p + 1)) ++exps;
+    CHECK(exps == 1);
+    CHECK(g.find("sin(") == std::string::npos);
+    CHECK(f.kernels() == 1);
+}
+
+TEST_CASE("simplify: identities and cast chains vanish; a sum over a broadcast product is factored") {
+    const Tensor x = kiln::randn({6, 5});
+    auto f = kiln::compile([](const Tensor& t) { return Tensor(kiln::cast(kiln::cast(t * 1.0 + 0.0, DType::f64), DType::f32)); });
+    CHECK(maxdiff(f(x), x) == 0);
+    CHECK(f.kernels() == 0);  // the output is the input
+
+    const Tensor a = kiln::randn({7, 40}), b = kiln::randn({7, 30});
+    auto outer = kiln::compile([](const Tensor& p, const Tensor& q) {
+        return kiln::sum(p.unsqueeze(2) * q.unsqueeze(1), {1, 2});
+    });
+    const Tensor ref = kiln::sum(kiln::eager(a.unsqueeze(2) * b.unsqueeze(1)), {1, 2});
+    CHECK(maxdiff(outer(a, b), ref) < 1e-5);
+    const std::string g = outer.graph();
+    INFO(g);
+    CHECK(g.find("(7, 40, 30)") == std::string::npos);  // the product is never formed
+}
+
+TEST_CASE("compiled == eager for every op of the table (broadcast operands)") {
+    kiln::manual_seed(5);
+    const Tensor pos = Tensor(kiln::rand({5, 7}) + 0.5), neg = Tensor(kiln::randn({7}) * 2);
+    const Tensor cond = Tensor(kiln::randn({5, 7}) > 0.0);
+    kiln::ops::for_each_op([&](auto tag) {
+        using Op = typename decltype(tag)::type;
+        SUBCASE(std::string(Op::name).c_str()) {
+            auto build = [&](const Tensor& p, const Tensor& q, const Tensor& c) {
+                if constexpr (Op::rule == kiln::ops::DTypeRule::where) return Tensor(kiln::expr::make<Op>(DType::f32, c, p, q));
+                else if constexpr (Op::rule == kiln::ops::DTypeRule::logical) {
+                    if constexpr (Op::arity == 1) return Tensor(kiln::expr::make<Op>(DType::f32, c));
+                    else return Tensor(kiln::expr::make<Op>(DType::f32, c, p > 1.0));
+                } else if constexpr (Op::rule == kiln::ops::DTypeRule::cast) {
+                    return Tensor(kiln::expr::make<Op>(DType::bf16, p * q));
+                } else if constexpr (Op::arity == 1) {
+                    return Tensor(kiln::expr::make<Op>(DType::f32, p * 0.5));
+                } else {
+                    return Tensor(kiln::expr::make<Op>(DType::f32, p, q));
+                }
+            };
+            auto f = kiln::compile([&](const Tensor& p, const Tensor& q, const Tensor& c) { return build(p, q, c); });
+            const Tensor got = f(pos, neg, cond);
+            const Tensor want = build(pos, neg, cond);
+            CHECK(got.dtype() == want.dtype());
+            CHECK(maxdiff(got, want) == 0);
+        }
+    });
+}
+
+TEST_CASE("guards: each change recompiles exactly as expected") {
+    auto f = kiln::compile([](const Tensor& x) { return Tensor(x * 2 + 1); }, {.dynamic = kiln::Dynamic::off});
+    const Tensor a = kiln::randn({4, 8});
+    (void)f(a);
+    (void)f(kiln::randn({4, 8}));  // same guards: no recompile
+    CHECK(f.compiles() == 1);
+    (void)f(kiln::randn({4, 8}, DType::f64));  // dtype
+    CHECK(f.compiles() == 2);
+    (void)f(a.t());  // layout (strided)
+    CHECK(f.compiles() == 3);
+    (void)f(kiln::randn({4, 8, 1}));  // rank
+    CHECK(f.compiles() == 4);
+    (void)f(kiln::randn({5, 8}));  // size, dynamic off
+    CHECK(f.compiles() == 5);
+    (void)f(kiln::randn({4, 8}, DType::f64));  // cached
+    CHECK(f.compiles() == 5);
+
+    auto g = kiln::compile([](const Tensor& x, double s) { return Tensor(x * s); });
+    CHECK(maxdiff(g(a, 2.0), Tensor(a * 2.0)) == 0);
+    CHECK(maxdiff(g(a, 3.0), Tensor(a * 3.0)) == 0);  // numbers are guarded by value
+    CHECK(g.compiles() == 2);
+}
+
+TEST_CASE("automatic dynamic: the second size makes the dim symbolic, a third size reuses the program") {
+    LogCapture logs("recompiles");
+    auto f = kiln::compile([](const Tensor& x) { return Tensor(kiln::exp(x) - x); });
+    for (std::int64_t n : {32, 64, 128, 1000, 7}) {
+        const Tensor x = kiln::randn({n, 3});
+        CHECK(maxdiff(f(x), kiln::eager(kiln::exp(x) - x)) < 1e-6);
+    }
+    CHECK(f.compiles() == 2);
+    CHECK(logs.contains("recompiling: argument 0 dim 0 was 32, now 64; marking dim 0 dynamic"));
+    (void)f(kiln::randn({1, 3}));  // size 1 stays specialized
+    CHECK(f.compiles() == 3);
+
+    auto on = kiln::compile([](const Tensor& x) { return kiln::softmax(x, -1); }, {.dynamic = kiln::Dynamic::on});
+    for (std::int64_t n : {8, 16, 24}) {
+        const Tensor x = kiln::randn({n, 10});
+        CHECK(maxdiff(on(x), kiln::softmax(x, -1)) < 1e-6);
+    }
+    CHECK(on.compiles() == 1);
+}
+
+TEST_CASE("the recompile limit: fall back to eager with one warning, or throw") {
+    auto f = kiln::compile([](const Tensor& x) { return Tensor(x + 1); },
+                           {.dynamic = kiln::Dynamic::off, .recompile_limit = 2});
+    for (std::int64_t n = 2; n < 6; ++n) {
+        const Tensor x = kiln::randn({n});
+        CHECK(maxdiff(f(x), Tensor(x + 1)) == 0);
+    }
+    CHECK(f.compiles() == 2);
+    CHECK(f.fell_back_to_eager());
+
+    auto g = kiln::compile([](const Tensor& x) { return Tensor(x + 1); },
+                           {.dynamic = kiln::Dynamic::off, .recompile_limit = 2, .stance = kiln::Stance::error});
+    (void)g(kiln::randn({2}));
+    (void)g(kiln::randn({3}));
+    CHECK_THROWS_AS((void)g(kiln::randn({4})), kiln::RecompileLimitError);
+}
+
+TEST_CASE("graph breaks: item() in a traced function splits the graph; results follow the data") {
+    LogCapture logs("graph_breaks");
+    auto f = kiln::compile([](const Tensor& x) {
+        const Tensor y = Tensor(x * 2);
+        if (kiln::sum(y).item<float>() > 0) return Tensor(y + 1);  // a value-dependent branch
+        return Tensor(y - 1);
+    });
+    const Tensor p = Tensor(kiln::abs(kiln::randn({10})) + 0.1), n = Tensor(-p);
+    CHECK(maxdiff(f(p), Tensor(p * 2 + 1)) < 1e-6);
+    CHECK(maxdiff(f(n), Tensor(n * 2 - 1)) < 1e-6);
+    CHECK(maxdiff(f(p), Tensor(p * 2 + 1)) < 1e-6);
+    CHECK(f.graph_breaks().size() == 1);
+    CHECK(logs.contains("graph break (data access) at test_compile.cpp:"));
+
+    auto full = kiln::compile([](const Tensor& x) { return Tensor(x * kiln::sum(x).item<float>()); }, {.fullgraph = true});
+    try {
+        (void)full(p);
+        FAIL("no GraphBreakError");
+    } catch (const kiln::GraphBreakError& e) {
+        CHECK(std::string(e.what()).find("test_compile.cpp:") != std::string::npos);
+        CHECK(std::string(e.what()).find("fullgraph") != std::string::npos);
+    }
+}
+
+TEST_CASE("backends: eager, graph (one kernel per op), custom") {
+    const Tensor x = kiln::randn({32});
+    auto body = [](const Tensor& t) { return Tensor(kiln::exp(t) * 2 + t); };
+    auto e = kiln::compile(body, {.backend = kiln::Backend::eager});
+    auto gr = kiln::compile(body, {.backend = kiln::Backend::graph});
+    auto fu = kiln::compile(body);
+    const Tensor ref = kiln::eager(kiln::exp(x) * 2 + x);
+    CHECK(maxdiff(e(x), ref) == 0);
+    CHECK(maxdiff(gr(x), ref) == 0);
+    CHECK(maxdiff(fu(x), ref) == 0);
+    CHECK(gr.kernels() == 3);
+    CHECK(fu.kernels() == 1);
+
+    int seen_nodes = 0;
+    kiln::Options opt;
+    opt.backend = kiln::Backend::custom;
+    opt.custom_backend = [&](const kiln::ir::Graph& g) -> kiln::Executable {
+        seen_nodes = g.size();
+        return [](const std::vector<Tensor>& in) { return std::vector<Tensor>{Tensor(in[0] * 0 + 42)}; };
+    };
+    auto cu = kiln::compile(body, opt);
+    CHECK(cu(x).item<float>(3) == 42.0f);
+    CHECK(seen_nodes > 3);
+}
+
+TEST_CASE("results: tuples and vectors of tensors; numbers as guards") {
+    const Tensor x = kiln::randn({4}), y = kiln::randn({4});
+    auto f = kiln::compile([](const Tensor& a, const std::vector<Tensor>& v) {
+        return std::make_tuple(Tensor(a + v[0]), std::vector<Tensor>{Tensor(a * v[1]), a});
+    });
+    auto [s, rest] = f(x, std::vector<Tensor>{y, y});
+    CHECK(maxdiff(s, Tensor(x + y)) == 0);
+    REQUIRE(rest.size() == 2);
+    CHECK(maxdiff(rest[0], Tensor(x * y)) == 0);
+    CHECK(rest[1].is_same(x));  // an input returned as is
+}
+
+TEST_CASE("concurrent first calls compile once") {
+    auto f = kiln::compile([](const Tensor& x) { return Tensor(kiln::sin(x) + 1); });
+    const Tensor x = kiln::randn({1000});
+    std::vector<std::thread> ts;
+    std::vector<double> diffs(4, 1);
+    for (int i = 0; i < 4; ++i) ts.emplace_back([&, i] { diffs[static_cast<std::size_t>(i)] = maxdiff(f(x), Tensor(kiln::sin(x) + 1)); });
+    for (auto& t : ts) t.join();
+    for (double d : diffs) CHECK(d == 0);
+    CHECK(f.compiles() == 1);
+}
+
+TEST_CASE("tracing errors: bad shapes name the op and the user's line; escaped tracing tensors are caught") {
+    auto f = kiln::compile([](const Tensor& x) { return Tensor(x + kiln::ones({3})); });
+    try {
+        (void)f(kiln::ones({4}));
+        FAIL("no error");
+    } catch (const kiln::ShapeError& e) {
+        CHECK(std::string(e.what()).find("kiln::add:") == 0);
+        CHECK(std::string(e.what()).find("test_compile.cpp:") != std::string::npos);
+    }
+    Tensor leaked;
+    auto g = kiln::compile([&](const Tensor& x) {
+        leaked = Tensor(x * 2);
+        return leaked;
+    });
+    (void)g(kiln::ones({2}));
+    CHECK_THROWS_AS((void)Tensor(leaked + 1), kiln::Error);
+}
+
+// ------------------------------------------------------------------------------------- fuzzer
+namespace {
+
+/// A random program over tensors: a list of steps, each an op on earlier values. The same
+/// program runs eagerly (each statement materialized) and compiled.
+struct Program {
+    struct Step {
+        int op, a, b, axis;
+    };
+    std::vector<Step> steps;
+    int outputs = 1;
+
+    template <class Eval>
+    std::vector<Tensor> run(const std::vector<Tensor>& in, Eval&& eval) const {
+        std::vector<Tensor> v = in;
+        for (const Step& s : steps) {
+            const Tensor& x = v[static_cast<std::size_t>(s.a)];
+            const Tensor& y = v[static_cast<std::size_t>(s.b)];
+            Tensor r;
+            switch (s.op) {
+                case 0: r = eval(x + y); break;
+                case 1: r = eval(x * y); break;
+                case 2: r = eval(x - y * 0.5); break;
+                case 3: r = eval(kiln::maximum(x, y)); break;
+                case 4: r = eval(kiln::tanh(x)); break;
+                case 5: r = eval(kiln::sigmoid(x) * 2.0); break;
+                case 6: r = eval(kiln::where(x > y, x, y * 0.25)); break;
+                case 7: r = eval(kiln::abs(x) + 1.0); break;
+                case 8: r = kiln::sum(x, s.axis % std::max(1, x.rank()), true); break;
+                case 9: r = kiln::max(x, s.axis % std::max(1, x.rank()), true); break;
+                case 10: r = kiln::softmax(x, -1); break;
+                case 11: r = x.rank() >= 2 ? x.transpose(0, 1) : x.unsqueeze(0); break;
+                case 12: r = eval(kiln::cast(kiln::cast(x, DType::bf16), DType::f32)); break;
+                default: r = eval(kiln::exp(x * 0.1)); break;
+            }
+            v.push_back(r);
+        }
+        return std::vector<Tensor>(v.end() - outputs, v.end());
+    }
+};
+
+/// Shapes that broadcast with (R, C): (R, C), (C,), (R, 1), (1, C).
+kiln::Shape random_shape(std::mt19937& rng, std::int64_t R, std::int64_t C) {
+    switch (rng() % 4) {
+        case 0: return {R, C};
+        case 1: return {C};
+        case 2: return {R, 1};
+        default: return {1, C};
+    }
+}
+
+}  // namespace
+
+TEST_CASE("fuzzer: random expression DAGs compiled == eager (fixed seeds; KILN_FUZZ_LONG=1 for more)") {
+    const char* long_mode = std::getenv("KILN_FUZZ_LONG");
+    const int graphs = long_mode && *long_mode == '1' ? 50000 : 2000;
+    int mismatches = 0, compared = 0;
+    for (int seed = 0; seed < graphs; ++seed) {
+        std::mt19937 rng(static_cast<unsigned>(seed));
+        const std::int64_t R = 1 + static_cast<std::int64_t>(rng() % 9), C = 1 + static_cast<std::int64_t>(rng() % 13);
+        const int nin = 1 + static_cast<int>(rng() % 3);
+        std::vector<Tensor> in;
+        kiln::manual_seed(static_cast<std::uint64_t>(seed));
+        for (int i = 0; i < nin; ++i) in.push_back(kiln::randn(random_shape(rng, R, C)));
+        Program p;
+        const int nsteps = 1 + static_cast<int>(rng() % 8);
+        for (int s = 0; s < nsteps; ++s) {
+            const int avail = nin + s;
+            p.steps.push_back({static_cast<int>(rng() % 14), static_cast<int>(rng() % avail), static_cast<int>(rng() % avail),
+                               static_cast<int>(rng() % 2)});
+        }
+        p.outputs = 1 + static_cast<int>(rng() % 2);
+        std::vector<Tensor> want;
+        try {
+            want = p.run(in, [](const auto& e) { return kiln::eager(e); });
+        } catch (const kiln::ShapeError&) {
+            continue;  // operands that do not broadcast: the compiled run must throw the same
+        }
+        auto f = kiln::compile([&](const std::vector<Tensor>& xs) { return p.run(xs, [](const auto& e) { return Tensor(e); }); });
+        const std::vector<Tensor> got = f(in);
+        REQUIRE(got.size() == want.size());
+        ++compared;
+        for (std::size_t k = 0; k < got.size(); ++k) {
+            const double d = maxdiff(got[k].contiguous(), want[k].contiguous());
+            if (!(d < 1e-5)) {
+                ++mismatches;
+                INFO("seed " << seed << " output " << k << " diff " << d << "\n" << f.graph());
+                CHECK(d < 1e-5);
+            }
+        }
+        if (mismatches > 5) break;
+    }
+    CHECK(mismatches == 0);
+    MESSAGE(compared << " of " << graphs << " random graphs compared (the rest do not broadcast)");
+    CHECK(compared > graphs / 2);
+}
+
+TEST_CASE("explain() reports graphs, breaks, kernels; DOT export has one cluster per kernel") {
+    const Tensor x = kiln::randn({8, 16});
+    const std::string r = kiln::explain([](const Tensor& t) { return kiln::softmax(Tensor(t * 2), -1); }, x);
+    INFO(r);
+    CHECK(r.find("graphs: 1") != std::string::npos);
+    CHECK(r.find("graph breaks: 0") != std::string::npos);
+    CHECK(r.find("kernels: 1") != std::string::npos);
+    CHECK(r.find("row {") != std::string::npos);
+    const std::string b = kiln::explain([](const Tensor& t) { return Tensor(t * t.item<float>(0)); }, x);
+    CHECK(b.find("graph breaks: 1") != std::string::npos);
+    CHECK(b.find("test_compile.cpp:") != std::string::npos);
+
+    auto f = kiln::compile([](const Tensor& t) { return Tensor(kiln::exp(kiln::matmul(t, t.t())) + 1); });
+    (void)f(x);
+    const std::string dot = f.dot();
+    CHECK(dot.find("digraph kiln") == 0);
+    CHECK(dot.find("subgraph cluster_0") != std::string::npos);
+    CHECK(dot.find("subgraph cluster_1") != std::string::npos);
+    CHECK(dot.find("matmul(") != std::string::npos);
+}
