@@ -247,7 +247,7 @@ inline Executable make_executable(const ir::Graph& g, const Options& opt, int& k
                         G.space = g2[g2[j].in[0]].shape;
                         break;
                     }
-        return kiln::detail::CpuGraphProgram(std::move(g2), std::move(p2)).run(in);
+        return kiln::detail::CpuGraphProgram(std::move(g2), std::move(p2), /*plan_memory=*/false).run(in);
     };
 }
 
@@ -265,28 +265,21 @@ public:
         if (opt_.backend == Backend::eager) return fn_(args...);
         detail::Flat flat;
         (detail::flatten(args, flat), ...);
-        // fast path: a cached whole-graph program whose guards pass
+        // fast path: a cached program whose guards pass (run outside the lock)
+        std::shared_ptr<detail::Entry> hit;
+        bool fallback = false;
         {
             std::shared_lock lock(state_->mu);
-            for (const auto& e : state_->entries)
-                if (e->matches(flat)) {
-                    if (e->lazy) {
-                        lock.unlock();
-                        return trace_call<R>(flat, *e, args...);
-                    }
-                    return unflatten<R>(e->run(flat.tensors), e->out_sizes);
-                }
-            if (state_->eager_fallback) return fn_(args...);
+            hit = lookup(flat);
+            fallback = state_->eager_fallback;
         }
-        std::unique_lock lock(state_->mu);
-        for (const auto& e : state_->entries)  // compiled by a concurrent first call meanwhile?
-            if (e->matches(flat)) {
-                if (e->lazy) {
-                    lock.unlock();
-                    return trace_call<R>(flat, *e, args...);
-                }
-                return unflatten<R>(e->run(flat.tensors), e->out_sizes);
-            }
+        if (hit) return run_entry<R>(*hit, flat, args...);
+        if (fallback) return fn_(args...);
+        std::unique_lock lock(state_->mu);  // held while compiling: concurrent first calls compile once
+        if (auto again = lookup(flat)) {    // compiled by a concurrent first call meanwhile
+            lock.unlock();
+            return run_entry<R>(*again, flat, args...);
+        }
         if (state_->eager_fallback) return fn_(args...);
         // a recompile: why, and whether the limit allows it
         if (!state_->entries.empty()) {
@@ -375,6 +368,18 @@ private:
         int compiles = 0;
         bool eager_fallback = false;
     };
+
+    std::shared_ptr<detail::Entry> lookup(const detail::Flat& flat) const {
+        for (const auto& e : state_->entries)
+            if (e->matches(flat)) return e;
+        return nullptr;
+    }
+
+    template <class R, class... Args>
+    R run_entry(const detail::Entry& e, const detail::Flat& flat, const Args&... args) {
+        if (e.lazy) return trace_call<R>(flat, e, args...);
+        return unflatten<R>(e.run(flat.tensors), e.out_sizes);
+    }
 
     std::vector<char>& dynamic_dims(std::size_t arg, int rank) {
         if (state_->dynamic.size() <= arg) state_->dynamic.resize(arg + 1);

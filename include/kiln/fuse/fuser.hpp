@@ -139,20 +139,35 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             Group G{Group::Kind::row, {}, {}, {}, S, n.mask, compute_dtype(g[x].dtype)};
             if (!member_ok(i, G)) continue;
             const int gid = static_cast<int>(rows.size());
-            // the elementwise producers of the operand that nothing else reads
-            std::vector<int> stack{x}, pro;
+            // the elementwise producers of the operand: every member_ok ancestor, minus (to a
+            // fixpoint) those read by a node outside the group that comes before the reduction
+            // (or after it, when the value could not be stored in the row shape)
+            std::vector<int> pro;
+            std::vector<char> cand(sz(N), 0);
+            std::vector<int> stack{x};
             while (!stack.empty()) {
                 const int j = stack.back();
                 stack.pop_back();
-                if (g[j].kind != Kind::elementwise || row_of[sz(j)] >= 0 || !member_ok(j, G)) continue;
-                if (std::find(pro.begin(), pro.end(), j) != pro.end()) continue;
-                bool only_later_users = true;  // every other reader comes after the reduction
-                for (int u : users[sz(j)]) only_later_users = only_later_users && u >= i;
-                if (j != x && uses[sz(j)] > 1) continue;
-                if (j == x && !only_later_users) continue;
-                pro.push_back(j);
+                if (cand[sz(j)] || g[j].kind != Kind::elementwise || row_of[sz(j)] >= 0 || !member_ok(j, G)) continue;
+                cand[sz(j)] = 1;
                 for (int k : g[j].in) stack.push_back(k);
             }
+            for (bool changed = true; changed;) {
+                changed = false;
+                for (int j = 0; j < i; ++j) {
+                    if (!cand[sz(j)]) continue;
+                    bool keep = true;
+                    for (int u : users[sz(j)])
+                        if (u != i && !cand[sz(u)] && !(u > i && g[j].shape == S)) keep = false;
+                    if (is_output[sz(j)] && !(g[j].shape == S)) keep = false;
+                    if (!keep) {
+                        cand[sz(j)] = 0;
+                        changed = true;
+                    }
+                }
+            }
+            for (int j = 0; j < i; ++j)
+                if (cand[sz(j)]) pro.push_back(j);
             for (int j : pro) row_of[sz(j)] = gid;
             row_of[sz(i)] = gid;
             G.nodes = pro;

@@ -2,12 +2,15 @@
 // row kernels for reductions with their producers and consumers, and Eigen for matmul.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/backends/cpu/reduce.hpp"
+#include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/ops/matmul.hpp"
@@ -69,6 +72,23 @@ inline TileProgram tree_program(const ir::Graph& g, const std::vector<int>& node
     return p;
 }
 
+/// The tensor a group writes node `id` into: the planned buffer already bound in vals (memory
+/// planning), or a new one.
+inline Tensor output_tensor(std::vector<Tensor>& vals, int id, const Shape& shape, DType dtype) {
+    Tensor& v = vals[static_cast<std::size_t>(id)];
+    if (!v.defined() || !(v.shape() == shape) || v.dtype() != dtype) v = Tensor(shape, dtype);
+    return v;
+}
+
+/// Reusable per-thread buffers for the row kernels' transposed copies (no allocation once warm).
+template <class T>
+inline T* transpose_scratch(std::size_t which, std::size_t n) {
+    thread_local std::vector<std::vector<T>> bufs;
+    if (bufs.size() <= which) bufs.resize(which + 1);
+    if (bufs[which].size() < n) bufs[which].resize(n);
+    return bufs[which].data();
+}
+
 /// Whether a value of shape s (aligned right to space) varies along any axis in mask.
 inline bool varies_along(const Shape& s, const Shape& space, unsigned mask) {
     for (int d = 0; d < space.rank(); ++d) {
@@ -119,8 +139,7 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
     };
     std::vector<Out> outs;
     for (int o : G.outputs) {
-        Tensor t(g[o].shape, g[o].dtype);
-        vals[static_cast<std::size_t>(o)] = t;
+        Tensor t = output_tensor(vals, o, g[o].shape, g[o].dtype);
         Out out{static_cast<std::size_t>(slot[static_cast<std::size_t>(o)]), {}, {}, nullptr, t.dtype()};
         if (vec[out.member]) {
             const Access a = access_of(t, S);
@@ -135,6 +154,50 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
     const IterSpace inner_space{inner_shape};
     visit_ct(G.ct, [&](auto tag) {
         using T = typename decltype(tag)::type;
+        // Rows along a strided axis (a reduction over a leading axis): rows would gather one
+        // element per cache line. Transpose such leaves once, in blocks whose reads are whole
+        // cache lines, into row-contiguous copies; outputs likewise go through a row-contiguous
+        // buffer transposed back at the end.
+        const bool two_d = outer_shape.rank() == 1 && inner_shape.rank() == 1 && inner > 1 && outer > 1;
+        constexpr std::int64_t B = 16;
+        // rows of the copies are padded by a cache line: 16 rows exactly 4 KiB apart would all
+        // fall in one L1 set (and alias each other's stores)
+        const std::int64_t ld = inner + static_cast<std::int64_t>(64 / sizeof(T));
+        std::size_t scratch_used = 0;
+        if (two_d) {
+            for (Leaf& lf : leaves) {
+                if (!lf.varies || lf.inner.strides[0] == 1 || lf.outer[0] != 1) continue;
+                T* dst = transpose_scratch<T>(scratch_used++, static_cast<std::size_t>(outer * ld));
+                const std::int64_t si = lf.inner.strides[0];
+                visit_dtype(lf.inner.dtype, [&](auto st) {
+                    using Sx = typename decltype(st)::type;
+                    const Sx* src = reinterpret_cast<const Sx*>(lf.inner.base);
+                    parallel_for((outer + B - 1) / B, 1, [&](std::int64_t b0, std::int64_t b1) {
+                        for (std::int64_t ob = b0 * B; ob < std::min(outer, b1 * B); ob += B) {
+                            const std::int64_t nb = std::min(B, outer - ob);
+                            for (std::int64_t k = 0; k < inner; ++k)
+                                for (std::int64_t j = 0; j < nb; ++j) dst[(ob + j) * ld + k] = load_as<T>(src[ob + j + k * si]);
+                        }
+                    });
+                });
+                lf.inner = {reinterpret_cast<char*>(dst), dtype_of<T>, Strides{1}};
+                lf.outer = Strides{ld};
+            }
+        }
+        struct Back {
+            T* buf;
+            Access dst;  // the real output: inner stride si, outer stride 1
+        };
+        std::vector<Back> backs;
+        if (two_d) {
+            for (Out& out : outs) {
+                if (!vec[out.member] || out.inner.strides[0] == 1 || out.outer[0] != 1) continue;
+                Back bk{transpose_scratch<T>(scratch_used++, static_cast<std::size_t>(outer * ld)), out.inner};
+                out.inner = {reinterpret_cast<char*>(bk.buf), dtype_of<T>, Strides{1}};
+                out.outer = Strides{ld};
+                backs.push_back(std::move(bk));
+            }
+        }
         std::vector<TileKernel<T>> kernels(nm, nullptr);
         for (std::size_t m = 0; m < nm; ++m)
             if (g[G.nodes[m]].kind == ir::Kind::elementwise) kernels[m] = tile_kernel<T>(g[G.nodes[m]].op);
@@ -144,6 +207,14 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
             std::vector<T> mbuf(nm * L), lbuf(leaves.size() * L), tmp(3 * L);
             std::vector<T> scal(nm + leaves.size());
             std::vector<const T*> lptr(leaves.size());
+            std::vector<T*> mp(nm);  // where member m's row lives: its buffer, or straight in its output
+            for (std::size_t m = 0; m < nm; ++m) mp[m] = mbuf.data() + m * L;
+            std::vector<char> direct(outs.size(), 0);
+            for (std::size_t k = 0; k < outs.size(); ++k) {
+                const Out& out = outs[k];
+                direct[k] = vec[out.member] && out.inner.dtype == dtype_of<T> && is_linear(inner_space, out.inner);
+                for (std::size_t q = 0; q < k; ++q) direct[k] = direct[k] && outs[q].member != out.member;
+            }
             std::int64_t idx[max_rank];
             for (std::int64_t o = b; o < e; ++o) {
                 std::int64_t rem = o;
@@ -173,16 +244,19 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                         lptr[l] = lbuf.data() + l * L;
                     }
                 }
+                for (std::size_t k = 0; k < outs.size(); ++k)
+                    if (direct[k])
+                        mp[outs[k].member] = reinterpret_cast<T*>(outs[k].inner.base) + row_offset(outs[k].outer);
                 for (std::size_t m = 0; m < nm; ++m) {
                     const ir::Node& n = g[G.nodes[m]];
-                    T* out = mbuf.data() + m * L;
+                    T* out = mp[m];
                     // operand k as a pointer to inner values (vector) or a scalar
                     auto operand = [&](int j, std::size_t k, bool want_vec) -> const T* {
                         const int s = slot[static_cast<std::size_t>(j)];
                         const bool member = s >= 0 && std::find(G.nodes.begin(), G.nodes.end(), j) != G.nodes.end();
                         T v{};
                         if (g[j].kind == ir::Kind::scalar) v = static_cast<T>(g[j].value);
-                        else if (member && vec[static_cast<std::size_t>(s)]) return mbuf.data() + static_cast<std::size_t>(s) * L;
+                        else if (member && vec[static_cast<std::size_t>(s)]) return mp[static_cast<std::size_t>(s)];
                         else if (member) v = scal[static_cast<std::size_t>(s)];
                         else if (leaves[static_cast<std::size_t>(s)].varies) return lptr[static_cast<std::size_t>(s)];
                         else v = scal[nm + static_cast<std::size_t>(s)];
@@ -226,11 +300,13 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                         });
                     }
                 }
-                for (const Out& out : outs) {
+                for (std::size_t k = 0; k < outs.size(); ++k) {
+                    const Out& out = outs[k];
+                    if (direct[k]) continue;
                     if (vec[out.member]) {
                         Access a = out.inner;
                         a.base += row_offset(out.outer) * static_cast<std::int64_t>(dtype_size(a.dtype));
-                        scatter(inner_space, a, 0, inner, mbuf.data() + out.member * L);
+                        scatter(inner_space, a, 0, inner, mp[out.member]);
                     } else {
                         visit_dtype(out.dtype, [&](auto st) {
                             using Sx = typename decltype(st)::type;
@@ -240,6 +316,21 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                 }
             }
         });
+        for (const Back& bk : backs) {
+            const T* src = bk.buf;
+            const std::int64_t si = bk.dst.strides[0];
+            visit_dtype(bk.dst.dtype, [&](auto st) {
+                using Sx = typename decltype(st)::type;
+                Sx* dst = reinterpret_cast<Sx*>(bk.dst.base);
+                parallel_for((outer + B - 1) / B, 1, [&](std::int64_t b0, std::int64_t b1) {
+                    for (std::int64_t ob = b0 * B; ob < std::min(outer, b1 * B); ob += B) {
+                        const std::int64_t nb = std::min(B, outer - ob);
+                        for (std::int64_t k = 0; k < inner; ++k)
+                            for (std::int64_t j = 0; j < nb; ++j) dst[ob + j + k * si] = store_as<Sx>(src[(ob + j) * ld + k]);
+                    }
+                });
+            });
+        }
     });
 }
 
@@ -268,8 +359,7 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
     std::vector<Access*> all;
     for (auto& a : p.leaves) all.push_back(&a);
     collapse(p.space, all);
-    Tensor out(n.shape, n.dtype);
-    vals[static_cast<std::size_t>(r)] = out;
+    Tensor out = output_tensor(vals, r, n.shape, n.dtype);
     if (outer == 0) return;
     if (inner == 0) {
         if (n.kind == ir::Kind::arg_reduce || n.rkind == ir::ReduceKind::max || n.rkind == ir::ReduceKind::min)
@@ -299,8 +389,7 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
 inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
     const int root = G.outputs[0];
     const ir::Node& n = g[root];
-    Tensor out(n.shape, n.dtype);
-    vals[static_cast<std::size_t>(root)] = out;
+    Tensor out = output_tensor(vals, root, n.shape, n.dtype);
     if (out.numel() == 0) return;
     TileProgram p = tree_program(g, G.nodes, root, n.shape, vals);
     p.out = access_of(out, n.shape);
@@ -313,17 +402,54 @@ inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std:
 /// A compiled graph on the CPU: the fused plan, run group by group.
 class CpuGraphProgram {
 public:
-    CpuGraphProgram(ir::Graph g, fuse::Plan plan) : g_(std::move(g)), plan_(std::move(plan)) {}
+    CpuGraphProgram(ir::Graph g, fuse::Plan plan, bool plan_memory = true)
+        : g_(std::move(g)), plan_(std::move(plan)) {
+        if (plan_memory) plan_buffers();
+    }
 
     const ir::Graph& graph() const { return g_; }
     const fuse::Plan& plan() const { return plan_; }
 
+    /// Buffers the memory plan shares between intermediates (0 without a plan).
+    int planned_buffers() const { return static_cast<int>(slot_bytes_.size()); }
+
     std::vector<Tensor> run(const std::vector<Tensor>& inputs) const {
         std::vector<Tensor> vals(static_cast<std::size_t>(g_.size()));
+        // the planned buffers, unless another thread is running this program right now
+        std::unique_lock arena_lock(arena_mu_, std::try_to_lock);
+        if (arena_lock.owns_lock() && !slot_of_.empty()) {
+            if (arena_.empty())
+                for (std::size_t b : slot_bytes_) arena_.push_back(Tensor(Shape{static_cast<std::int64_t>(b)}, DType::boolean));
+            for (int i = 0; i < g_.size(); ++i) {
+                const int sl = slot_of_[static_cast<std::size_t>(i)];
+                if (sl < 0) continue;
+                const Tensor& a = arena_[static_cast<std::size_t>(sl)];
+                vals[static_cast<std::size_t>(i)] = Tensor(a.storage(), 0, g_[i].shape, contiguous_strides(g_[i].shape), g_[i].dtype);
+            }
+        }
         for (std::size_t k = 0; k < g_.inputs.size(); ++k) vals[static_cast<std::size_t>(g_.inputs[k])] = inputs[k];
         for (int i = 0; i < g_.size(); ++i)
             if (g_[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = g_[i].tensor;
+        const bool profile = debug::log_on("profile");
         for (const fuse::Group& G : plan_.groups) {
+            const auto t0 = std::chrono::steady_clock::now();
+            run_group(G, vals);
+            if (profile) {
+                const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+                std::string nodes;
+                for (int j : G.nodes) nodes += " %" + std::to_string(j);
+                debug::log("profile", std::string(fuse::group_kind_name(G.kind)) + " {" + nodes + " }: " + std::to_string(us) + " us");
+            }
+        }
+        std::vector<Tensor> out;
+        out.reserve(g_.outputs.size());
+        for (int o : g_.outputs) out.push_back(vals[static_cast<std::size_t>(o)]);
+        return out;
+    }
+
+private:
+    void run_group(const fuse::Group& G, std::vector<Tensor>& vals) const {
+        {
             switch (G.kind) {
                 case fuse::Group::Kind::elementwise: run_elementwise_group(g_, G, vals); break;
                 case fuse::Group::Kind::row: run_row_group(g_, G, vals); break;
@@ -343,15 +469,58 @@ public:
                 }
             }
         }
-        std::vector<Tensor> out;
-        out.reserve(g_.outputs.size());
-        for (int o : g_.outputs) out.push_back(vals[static_cast<std::size_t>(o)]);
-        return out;
     }
 
-private:
+    /// Memory planning: each intermediate a group writes and only later groups read gets a
+    /// buffer slot; a slot is reused once every reader of its value has run (values seen through
+    /// views count as read where the view is). Outputs, and values an output views, keep memory
+    /// of their own. A steady-state call then allocates nothing but its outputs.
+    void plan_buffers() {
+        const int N = g_.size();
+        const auto& groups = plan_.groups;
+        std::vector<int> base(static_cast<std::size_t>(N));  // the value a view ultimately shows
+        for (int i = 0; i < N; ++i)
+            base[static_cast<std::size_t>(i)] = g_[i].kind == ir::Kind::view ? base[static_cast<std::size_t>(g_[i].in[0])] : i;
+        std::vector<char> pinned(static_cast<std::size_t>(N), 0);
+        for (int o : g_.outputs) pinned[static_cast<std::size_t>(base[static_cast<std::size_t>(o)])] = 1;
+        std::vector<int> last_use(static_cast<std::size_t>(N), -1), produced(static_cast<std::size_t>(N), -1);
+        for (std::size_t k = 0; k < groups.size(); ++k) {
+            for (int o : groups[k].outputs) produced[static_cast<std::size_t>(o)] = static_cast<int>(k);
+            for (int l : groups[k].leaves) {
+                const int b = base[static_cast<std::size_t>(l)];
+                last_use[static_cast<std::size_t>(b)] = std::max(last_use[static_cast<std::size_t>(b)], static_cast<int>(k));
+            }
+        }
+        slot_of_.assign(static_cast<std::size_t>(N), -1);
+        std::vector<int> slot_free_after;  // group index after which the slot is free again
+        for (std::size_t k = 0; k < groups.size(); ++k) {
+            const auto& G = groups[k];
+            if (G.kind == fuse::Group::Kind::view || G.kind == fuse::Group::Kind::matmul) continue;
+            for (int o : G.outputs) {
+                const ir::Node& n = g_[o];
+                if (pinned[static_cast<std::size_t>(o)] || last_use[static_cast<std::size_t>(o)] < 0) continue;
+                const std::size_t bytes = static_cast<std::size_t>(n.shape.numel()) * dtype_size(n.dtype);
+                int pick = -1;
+                for (std::size_t sl = 0; sl < slot_bytes_.size() && pick < 0; ++sl)
+                    if (slot_bytes_[sl] == bytes && slot_free_after[sl] < static_cast<int>(k)) pick = static_cast<int>(sl);
+                if (pick < 0) {
+                    pick = static_cast<int>(slot_bytes_.size());
+                    slot_bytes_.push_back(bytes);
+                    slot_free_after.push_back(0);
+                }
+                slot_of_[static_cast<std::size_t>(o)] = pick;
+                slot_free_after[static_cast<std::size_t>(pick)] = last_use[static_cast<std::size_t>(o)];
+            }
+        }
+        if (slot_bytes_.empty()) slot_of_.clear();
+    }
+
     ir::Graph g_;
     fuse::Plan plan_;
+    std::vector<int> slot_of_;             ///< node -> buffer slot, -1 for none
+    std::vector<std::size_t> slot_bytes_;  ///< bytes of each slot
+    mutable std::mutex arena_mu_;
+    mutable std::vector<Tensor> arena_;
 };
 
 }  // namespace kiln::detail

@@ -12,7 +12,7 @@
 namespace kiln::detail {
 
 /// Elements per tile: small enough that a few tiles of every operand stay in L1.
-inline constexpr std::int64_t tile_elems = 1024;
+inline constexpr std::int64_t tile_elems = 256;
 /// Below this many elements a loop runs on one thread.
 inline constexpr std::int64_t parallel_grain = 32768;
 
