@@ -298,6 +298,9 @@ TEST_CASE("tracing errors: bad shapes name the op and the user's line; escaped t
     });
     (void)g(kiln::ones({2}));
     CHECK_THROWS_AS((void)Tensor(leaked + 1), kiln::Error);
+    // inside a later traced call (whose tracer may even sit at the same address) it is caught too
+    auto h = kiln::compile([&](const Tensor& x) { return Tensor(x + leaked); });
+    CHECK_THROWS_AS((void)h(kiln::ones({2})), kiln::Error);
 }
 
 // ------------------------------------------------------------------------------------- fuzzer

@@ -1,6 +1,8 @@
 // Tracing: tracing tensors, the active tracer that records every op as an IR node, and graph breaks.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,7 +27,7 @@ class Tracer;
 /// A value of the graph being traced: the node that computes it in the current segment, or,
 /// after a graph break ran that segment, the concrete tensor it turned out to be.
 struct Value {
-    Tracer* tracer = nullptr;
+    std::uint64_t tracer = 0;  ///< id of the tracer that made it (ids are never reused, addresses are)
     int segment = 0;  ///< segment the node id belongs to
     int node = -1;
     Tensor concrete;  ///< set when a graph break materialized the value
@@ -45,7 +47,7 @@ public:
     /// Runs a segment: the graph and the concrete tensors of its inputs; returns its outputs.
     using SegmentRunner = std::function<std::vector<Tensor>(const ir::Graph&, const std::vector<Tensor>&)>;
 
-    Tracer(SegmentRunner run, bool fullgraph) : run_(std::move(run)), fullgraph_(fullgraph) {}
+    Tracer(SegmentRunner run, bool fullgraph) : run_(std::move(run)), fullgraph_(fullgraph), id_(next_id()) {}
     Tracer(const Tracer&) = delete;
     Tracer& operator=(const Tracer&) = delete;
 
@@ -55,6 +57,7 @@ public:
         return t;
     }
 
+    std::uint64_t id() const { return id_; }
     ir::Graph& graph() { return graph_; }
     const std::vector<Tensor>& segment_inputs() const { return inputs_; }
     const std::vector<Break>& breaks() const { return breaks_; }
@@ -76,7 +79,7 @@ public:
     /// A tracing tensor for node `id` of the current segment.
     Tensor make(int id) {
         auto v = std::make_shared<Value>();
-        v->tracer = this;
+        v->tracer = id_;
         v->segment = segment_;
         v->node = id;
         live_.push_back(v);
@@ -87,7 +90,7 @@ public:
     /// The node that stands for t in the current segment (adding an input or constant if needed).
     int node_of(const Tensor& t) {
         if (const auto& v = t.traced_value()) {
-            if (v->tracer != this)
+            if (v->tracer != id_)
                 throw Error("kiln::compile: a tracing tensor escaped its traced call (stored outside the function?)");
             if (v->segment == segment_) return v->node;
             // materialized by a graph break: an input of this segment, once
@@ -146,8 +149,13 @@ public:
     }
 
 private:
+    static std::uint64_t next_id() {
+        static std::atomic<std::uint64_t> n{0};
+        return ++n;
+    }
     SegmentRunner run_;
     bool fullgraph_;
+    std::uint64_t id_;
     ir::Graph graph_;
     std::vector<Tensor> inputs_;
     std::vector<int> constants_;
@@ -170,8 +178,8 @@ private:
 };
 
 inline Tracer& tracer_of(const Tensor& t, const std::source_location& loc) {
-    Tracer* tr = t.traced_value()->tracer;
-    if (tr == nullptr || Tracer::active() != tr)
+    Tracer* tr = Tracer::active();
+    if (tr == nullptr || tr->id() != t.traced_value()->tracer)
         kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
     return *tr;
 }
