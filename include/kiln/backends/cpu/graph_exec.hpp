@@ -104,7 +104,6 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
     Shape outer_shape, inner_shape;
     for (int d = 0; d < S.rank(); ++d) ((G.mask & (1u << d)) ? inner_shape : outer_shape).push_back(S[d]);
     const std::int64_t outer = outer_shape.numel(), inner = inner_shape.numel();
-    const Shape keep = fuse::detail::keep_shape(S, G.mask);
     auto split = [&](const Strides& st, Strides& o, Strides& in) {
         for (int d = 0; d < S.rank(); ++d) ((G.mask & (1u << d)) ? in : o).push_back(st[d]);
     };
@@ -123,6 +122,8 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
         leaves.push_back(std::move(l));
     }
     const std::size_t nm = G.nodes.size();
+    std::vector<char> is_member(static_cast<std::size_t>(g.size()), 0);  // decided once, read per row
+    for (int i : G.nodes) is_member[static_cast<std::size_t>(i)] = 1;
     std::vector<char> vec(nm);
     for (std::size_t m = 0; m < nm; ++m) {
         const int i = G.nodes[m];
@@ -150,7 +151,6 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
         }
         outs.push_back(std::move(out));
     }
-    (void)keep;
     const IterSpace inner_space{inner_shape};
     visit_ct(G.ct, [&](auto tag) {
         using T = typename decltype(tag)::type;
@@ -253,7 +253,7 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                     // operand k as a pointer to inner values (vector) or a scalar
                     auto operand = [&](int j, std::size_t k, bool want_vec) -> const T* {
                         const int s = slot[static_cast<std::size_t>(j)];
-                        const bool member = s >= 0 && std::find(G.nodes.begin(), G.nodes.end(), j) != G.nodes.end();
+                        const bool member = is_member[static_cast<std::size_t>(j)] != 0;
                         T v{};
                         if (g[j].kind == ir::Kind::scalar) v = static_cast<T>(g[j].value);
                         else if (member && vec[static_cast<std::size_t>(s)]) return mp[static_cast<std::size_t>(s)];
@@ -278,7 +278,7 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                     } else {  // reduce over the row
                         const int x = n.in[0];
                         const int sx = slot[static_cast<std::size_t>(x)];
-                        const bool xmember = std::find(G.nodes.begin(), G.nodes.end(), x) != G.nodes.end();
+                        const bool xmember = is_member[static_cast<std::size_t>(x)] != 0;
                         const bool xvec = xmember ? vec[static_cast<std::size_t>(sx)] != 0 : leaves[static_cast<std::size_t>(sx)].varies;
                         const T* v = operand(x, 0, xvec);
                         visit_reduce(n.rkind, [&](auto rt) {
