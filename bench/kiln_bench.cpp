@@ -1,7 +1,10 @@
 // kiln_bench: the workloads of the README, each timed per method (eager, fused, peers) and thread
 // count, reported as medians, GB/s, % of the measured copy bandwidth and speedup over kiln eager.
 //
-//   kiln_bench [--filter SUBSTRING] [--json FILE] [--threads N] [--min-time SECONDS]
+//   kiln_bench [--filter SUBSTRING] [--json FILE] [--threads N] [--min-time SECONDS] [--no-cpu] [--no-gpu]
+//
+// With a CUDA device, GPU rows follow the CPU rows (CUDA-event timing, cold compile into a fresh
+// cache dir, warm disk-cache start measured by a child process run with --first-call NAME).
 //
 // Every row is checked against eager before it is timed. Later issues add rows through
 // `Bench::row`; keep one lambda per (workload, method).
@@ -9,6 +12,7 @@
 #include <kiln/interop/eigen.hpp>
 
 #include <Eigen/Core>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +43,8 @@ struct Options {
     int max_threads = kiln::num_threads();
     double min_time = 0.4;  // seconds of timed repeats per row (at least min_repeats)
     int min_repeats = 7;
+    std::string first_call;  ///< child mode: time the first call of this compiled GPU workload
+    bool gpu = true, cpu = true;
 };
 
 struct Row {
@@ -100,6 +106,48 @@ public:
         print(r);
     }
 
+    /// Times fn on the GPU with CUDA events around each call (after a first call and a warm-up):
+    /// each repeat is record, fn, record, so host launch cost shows where the GPU waits for it.
+    void gpu_row(const std::string& workload, const std::string& method, double bytes, const std::function<void()>& fn,
+                 int min_repeats = 20) {
+        const auto stream = kiln::cuda::current_stream(0);
+        auto t0 = Clock::now();
+        fn();
+        kiln::cuda::synchronize(0);
+        const double first = seconds_since(t0);
+        fn();
+        kiln::cuda::synchronize(0);
+        std::vector<double> times;
+        kiln::cuda::Event e0, e1;
+        const auto start = Clock::now();
+        while (static_cast<int>(times.size()) < min_repeats || seconds_since(start) < opt_.min_time) {
+            e0.record(stream);
+            fn();
+            e1.record(stream);
+            times.push_back(e1.elapsed_ms(e0) * 1e-3);
+            if (times.size() >= 5000) break;
+        }
+        std::sort(times.begin(), times.end());
+        Row r;
+        r.workload = workload;
+        r.method = method;
+        r.device = "cuda:0";
+        r.threads = gpu;
+        r.bytes = bytes;
+        r.repeats = static_cast<int>(times.size());
+        r.median_us = times[times.size() / 2] * 1e6;
+        r.min_us = times.front() * 1e6;
+        r.first_call_us = first * 1e6;
+        rows_.push_back(r);
+        print(r);
+    }
+    /// Adds a row measured elsewhere (warm-start times from a child process).
+    void add_row(const Row& r) {
+        rows_.push_back(r);
+        print(r);
+    }
+    static constexpr int gpu = 0;  ///< the `threads` value of GPU rows
+
     /// The measured copy bandwidth for a thread count (GB/s, read + write).
     void set_copy_bandwidth(int threads, double gbps) { copy_gbps_[threads] = gbps; }
     double copy_bandwidth(int threads) const {
@@ -122,7 +170,9 @@ public:
         char pct[16] = "-", sp[16] = "-";
         if (copy > 0) std::snprintf(pct, sizeof pct, "%.0f%%", 100 * r.gbps() / copy);
         if (eager > 0) std::snprintf(sp, sizeof sp, "%.2fx", eager / r.median_us);
-        std::printf("%-22s %-8s %3d %12.1f %12.1f %9.2f %8s %10s\n", r.workload.c_str(), r.method.c_str(), r.threads,
+        char thr[8];
+        std::snprintf(thr, sizeof thr, "%s", r.threads == gpu ? "gpu" : std::to_string(r.threads).c_str());
+        std::printf("%-22s %-8s %3s %12.1f %12.1f %9.2f %8s %10s\n", r.workload.c_str(), r.method.c_str(), thr,
                     r.median_us, r.first_call_us, r.gbps(), pct, sp);
         std::fflush(stdout);
     }
@@ -418,6 +468,182 @@ void bench_sincos_scalar(Bench& b) {
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// GPU rows (when a CUDA device is present): the same workloads at the issue's GPU sizes, timed
+// with CUDA events; `compiled` runs first for each workload, so its first call is the cold
+// compile (NVRTC, empty disk cache); a child process then measures the warm (disk-cache) start.
+
+Tensor gpu(const Tensor& t) { return t.to(kiln::Device::cuda()); }
+
+/// The compiled GPU workloads by name: (inputs on the GPU, the compiled function's call).
+struct GpuWorkload {
+    std::vector<Tensor> in;
+    std::function<Tensor(const std::vector<Tensor>&)> call;
+};
+GpuWorkload gpu_workload(const std::string& name) {
+    GpuWorkload w;
+    if (name == "chain64M") {
+        kiln::manual_seed(1);
+        w.in = {gpu(Tensor(kiln::randn({64 << 20}) * 2.0))};
+        auto c = kiln::compile([](const Tensor& v) { return Tensor(chain_expr(v)); });
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
+    } else if (name == "bias_gelu") {
+        kiln::manual_seed(2);
+        w.in = {gpu(kiln::randn({8192, 4096})), gpu(kiln::randn({4096}))};
+        auto c = kiln::compile([](const Tensor& v, const Tensor& b) { return Tensor(kiln::gelu_tanh(v + b)); });
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1]); };
+    } else if (name == "softmax") {
+        kiln::manual_seed(3);
+        w.in = {gpu(Tensor(kiln::randn({8192, 4096}) * 3.0))};
+        auto c = kiln::compile([](const Tensor& v) { return kiln::softmax(v); });
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
+    } else if (name == "layernorm") {
+        kiln::manual_seed(4);
+        w.in = {gpu(kiln::randn({8192, 4096})), gpu(kiln::randn({4096})), gpu(kiln::randn({4096}))};
+        auto c = kiln::compile([](const Tensor& v, const Tensor& wt, const Tensor& b) { return kiln::layer_norm(v, 1, wt, b); });
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1], a[2]); };
+    } else if (name == "numpy_fn") {
+        kiln::manual_seed(5);
+        w.in = {gpu(kiln::randn({1024, 640})), gpu(Tensor(kiln::randn({1024, 640}) * 0.1))};
+        auto c = kiln::compile([](const Tensor& x, const Tensor& y) { return numpy_fn(x, y, [](const auto& e) { return Tensor(e); }); });
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1]); };
+    } else if (name == "sincos_scalar") {
+        w.in = {gpu(kiln::full({1}, 0.5))};
+        auto c = kiln::compile([](const Tensor& v) { return Tensor(kiln::sin(v) + kiln::cos(v)); });
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
+    } else {
+        throw std::invalid_argument("kiln_bench: no GPU workload " + name);
+    }
+    return w;
+}
+const char* const gpu_workloads[] = {"chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "sincos_scalar"};
+
+/// Child-process mode: the first call of a compiled GPU workload, in microseconds (the CUDA
+/// context is made first, so only kiln's trace, compile or disk load and the run are counted).
+int first_call_probe(const std::string& name) {
+    GpuWorkload w = gpu_workload(name);
+    kiln::cuda::synchronize(0);
+    const auto t0 = Clock::now();
+    (void)w.call(w.in);
+    kiln::cuda::synchronize(0);
+    std::printf("first_call_us %.1f\n", seconds_since(t0) * 1e6);
+    return 0;
+}
+
+/// Runs `self --first-call name` and returns the time it printed (0 on failure).
+double warm_start_us(const std::string& self, const std::string& name) {
+    const std::string cmd = "'" + self + "' --first-call " + name;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return 0;
+    char line[256];
+    double us = 0;
+    while (std::fgets(line, sizeof line, p))
+        if (std::sscanf(line, "first_call_us %lf", &us) == 1) break;
+    ::pclose(p);
+    return us;
+}
+
+void bench_gpu(Bench& b, const std::string& self) {
+    if (!kiln::cuda::is_available()) {
+        std::printf("\n(no CUDA device: GPU rows skipped)\n");
+        return;
+    }
+    const auto& props = kiln::cuda::properties(0);
+    std::printf("\nGPU: %s (sm_%d, %d SMs); kernels compiled by NVRTC into a fresh cache dir %s\n", props.name.c_str(),
+                props.arch(), props.sm_count, kiln::cache::cache_dir().c_str());
+    using kiln::cuda::detail::driver;
+    // copy bandwidth: device-to-device memcpy of 1 GiB, read + write counted
+    {
+        const std::int64_t n = 256 << 20;
+        const Tensor src = gpu(kiln::rand({1 << 20})).expand({256, 1 << 20}).contiguous().flatten(), dst = kiln::empty({n}, kiln::DType::f32, kiln::Device::cuda());
+        const double bytes = 2.0 * 4 * static_cast<double>(n);
+        b.gpu_row("copy", "memcpy", bytes, [&] {
+            kiln::cuda::detail::check(driver().memcpy_dtod_async(reinterpret_cast<std::uintptr_t>(dst.data_ptr()),
+                                                                reinterpret_cast<std::uintptr_t>(src.data_ptr()), static_cast<std::size_t>(n) * 4,
+                                                                kiln::cuda::current_stream(0)),
+                                      "memcpy");
+        });
+        b.set_copy_bandwidth(Bench::gpu, bytes / (b.median_us("copy", "memcpy", Bench::gpu) * 1e3));
+    }
+    auto want = [&](const std::string& n) { return b.wanted(n); };
+    auto compiled_rows = [&](const std::string& name, double bytes, GpuWorkload& w) {
+        Tensor out;
+        b.gpu_row(name, "compiled", bytes, [&] { out = w.call(w.in); });
+        Row warm;
+        warm.workload = name;
+        warm.method = "warmstart";
+        warm.device = "cuda:0";
+        warm.threads = Bench::gpu;
+        warm.first_call_us = warm_start_us(self, name);
+        b.add_row(warm);
+        return out;
+    };
+    if (want("chain64M")) {
+        GpuWorkload w = gpu_workload("chain64M");
+        const Tensor& x = w.in[0];
+        const double bytes = 2.0 * 4 * static_cast<double>(x.numel());
+        const Tensor c = compiled_rows("chain64M", bytes, w);
+        Tensor y = kiln::empty(x.shape(), kiln::DType::f32, kiln::Device::cuda());
+        b.gpu_row("chain64M", "fused", bytes, [&] { y.assign(chain_expr(x)); });
+        b.gpu_row("chain64M", "eager", bytes, [&] { y = kiln::eager(chain_expr(x)); }, 5);
+        check_close("gpu chain64M compiled", c.cpu(), y.cpu(), 1e-5);
+        check_close("gpu chain64M eager vs cpu", y.cpu().slice(0, 0, 1 << 20), kiln::eager(chain_expr(x.cpu().slice(0, 0, 1 << 20))), 1e-5);
+    }
+    if (want("bias_gelu")) {
+        GpuWorkload w = gpu_workload("bias_gelu");
+        const double bytes = 4.0 * static_cast<double>(2 * w.in[0].numel() + w.in[1].numel());
+        const Tensor c = compiled_rows("bias_gelu", bytes, w);
+        Tensor y;
+        b.gpu_row("bias_gelu", "fused", bytes, [&] { y = Tensor(kiln::gelu_tanh(w.in[0] + w.in[1])); });
+        b.gpu_row("bias_gelu", "eager", bytes, [&] { y = kiln::eager(kiln::gelu_tanh(w.in[0] + w.in[1])); }, 5);
+        check_close("gpu bias_gelu", c.cpu(), y.cpu(), 1e-5);
+    }
+    if (want("softmax")) {
+        GpuWorkload w = gpu_workload("softmax");
+        const double bytes = 4.0 * static_cast<double>(2 * w.in[0].numel());
+        const Tensor c = compiled_rows("softmax", bytes, w);
+        Tensor y;
+        b.gpu_row("softmax", "fused", bytes, [&] { y = kiln::softmax(w.in[0]); });
+        b.gpu_row("softmax", "eager", bytes, [&] { y = softmax_eager(w.in[0]); }, 5);
+        check_close("gpu softmax", c.cpu(), y.cpu(), 1e-6);
+        check_close("gpu softmax vs cpu", c.cpu().slice(0, 0, 64), softmax_eager(w.in[0].cpu().slice(0, 0, 64)), 1e-6);
+    }
+    if (want("layernorm")) {
+        GpuWorkload w = gpu_workload("layernorm");
+        const double bytes = 4.0 * static_cast<double>(2 * w.in[0].numel() + 2 * w.in[1].numel());
+        const Tensor c = compiled_rows("layernorm", bytes, w);
+        Tensor y;
+        b.gpu_row("layernorm", "fused", bytes, [&] { y = kiln::layer_norm(w.in[0], 1, w.in[1], w.in[2]); });
+        b.gpu_row("layernorm", "eager", bytes, [&] { y = layernorm_eager(w.in[0], w.in[1], w.in[2]); }, 5);
+        check_close("gpu layernorm", c.cpu(), y.cpu(), 1e-4);
+    }
+    if (want("numpy_fn")) {
+        GpuWorkload w = gpu_workload("numpy_fn");
+        const double bytes = 4.0 * static_cast<double>(2 * w.in[0].numel() + w.in[0].size(0));
+        const Tensor c = compiled_rows("numpy_fn", bytes, w);
+        Tensor y;
+        b.gpu_row("numpy_fn", "fused", bytes, [&] { y = numpy_fn_fused(w.in[0], w.in[1]); }, 3);
+        b.gpu_row("numpy_fn", "eager", bytes, [&] { y = numpy_fn(w.in[0], w.in[1], [](const auto& e) { return kiln::eager(e); }); }, 3);
+        check_close("gpu numpy_fn", c.cpu(), y.cpu(), 1e-3);
+    }
+    if (want("sincos_scalar")) {
+        GpuWorkload w = gpu_workload("sincos_scalar");
+        const Tensor c = compiled_rows("sincos_scalar", 8, w);
+        Tensor y;
+        b.gpu_row("sincos_scalar", "fused", 8, [&] { y = Tensor(kiln::sin(w.in[0]) + kiln::cos(w.in[0])); });
+        b.gpu_row("sincos_scalar", "eager", 8, [&] { y = kiln::eager(kiln::sin(w.in[0]) + kiln::cos(w.in[0])); });
+        check_close("gpu sincos", c.cpu(), y.cpu(), 1e-6);
+    }
+    std::printf("\nGPU summary (%s)\n", props.name.c_str());
+    for (const char* wl : gpu_workloads) {
+        const double e = b.median_us(wl, "eager", Bench::gpu), f = b.median_us(wl, "fused", Bench::gpu),
+                     c = b.median_us(wl, "compiled", Bench::gpu);
+        if (c <= 0) continue;
+        std::printf("  %-13s compiled %.1f us, fused %.1f us, eager %.1f us: compiled %.1fx faster than eager\n", wl, c, f, e, e / c);
+    }
+}
+
 Options parse(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
@@ -430,8 +656,11 @@ Options parse(int argc, char** argv) {
         else if (a == "--json") o.json = value();
         else if (a == "--threads") o.max_threads = std::max(1, std::stoi(value()));
         else if (a == "--min-time") o.min_time = std::stod(value());
+        else if (a == "--first-call") o.first_call = value();
+        else if (a == "--no-gpu") o.gpu = false;
+        else if (a == "--no-cpu") o.cpu = false;
         else if (a == "--help" || a == "-h") {
-            std::printf("usage: kiln_bench [--filter SUBSTRING] [--json FILE] [--threads N] [--min-time SECONDS]\n");
+            std::printf("usage: kiln_bench [--filter SUBSTRING] [--json FILE] [--threads N] [--min-time SECONDS] [--no-cpu] [--no-gpu]\n");
             std::exit(0);
         } else throw std::invalid_argument("kiln_bench: unknown argument " + a + " (try --help)");
     }
@@ -442,17 +671,27 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
     try {
-        Bench b(parse(argc, argv));
+        const Options opt = parse(argc, argv);
+        if (!opt.first_call.empty()) return first_call_probe(opt.first_call);
+        Bench b(opt);
         b.header();
-        bench_copy(b);  // always: the other rows are reported against it
-        bench_chain(b, "chain16M", 16 << 20);
-        bench_chain(b, "chain1M", 1 << 20);
-        bench_bias_gelu(b);
-        bench_softmax(b);
-        bench_layernorm(b);
-        bench_numpy_fn(b);
-        bench_sincos_scalar(b);
-        b.summary();
+        if (opt.cpu) {
+            bench_copy(b);  // always: the other rows are reported against it
+            bench_chain(b, "chain16M", 16 << 20);
+            bench_chain(b, "chain1M", 1 << 20);
+            bench_bias_gelu(b);
+            bench_softmax(b);
+            bench_layernorm(b);
+            bench_numpy_fn(b);
+            bench_sincos_scalar(b);
+            b.summary();
+        }
+        if (opt.gpu) {
+            // a fresh kernel cache, so first calls measure cold compiles (the user's cache is untouched)
+            char dir[] = "/tmp/kiln-bench-cache-XXXXXX";
+            if (::mkdtemp(dir)) ::setenv("KILN_CACHE_DIR", dir, 1);
+            bench_gpu(b, argv[0]);
+        }
         if (!b.options().json.empty()) b.write_json(b.options().json);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());

@@ -24,6 +24,20 @@ const char* layout_name(Layout l) {
     return "?";
 }
 
+/// When set, the sweep builds each op from CUDA copies of its operands (same layouts) and checks
+/// the CUDA results (fused and eager) against the same float64 reference.
+bool g_cuda = false;
+
+/// t on the GPU with the same view of a copy of its whole storage (keeps transposed, strided and
+/// broadcast layouts), or t itself when the sweep runs on the CPU.
+Tensor on_device(const Tensor& t) {
+    if (!g_cuda) return t;
+    const auto& st = t.storage();
+    const Tensor bytes(st, 0, Shape{static_cast<std::int64_t>(st->nbytes())}, Strides{1}, DType::boolean);
+    const Tensor dev = bytes.to(Device::cuda());
+    return Tensor(dev.storage(), t.offset(), t.shape(), t.strides(), t.dtype());
+}
+
 // 37 x 53 = 1961 elements: two tiles and a ragged SIMD tail.
 constexpr std::int64_t rows = 37, cols = 53;
 
@@ -84,8 +98,8 @@ double store_round(double v, DType dtype) {
         case DType::boolean: return v != 0 ? 1 : 0;
         case DType::i32: return static_cast<double>(static_cast<std::int32_t>(v));
         case DType::i64: return static_cast<double>(static_cast<std::int64_t>(v));
-        case DType::f16: return static_cast<float>(half(static_cast<float>(v)));
-        case DType::bf16: return static_cast<float>(bfloat16(static_cast<float>(v)));
+        case DType::f16: return static_cast<float>(kiln::half(static_cast<float>(v)));
+        case DType::bf16: return static_cast<float>(kiln::bfloat16(static_cast<float>(v)));
         case DType::f32: return static_cast<float>(v);
         case DType::f64: return v;
     }
@@ -146,8 +160,8 @@ struct Case {
 template <class Op, class Node>
 void check_node(const Node& node, const std::vector<Tensor>& in, DType attr, const std::string& label) {
     INFO(label);
-    const Tensor fused = Tensor(node);
-    const Tensor eag = eager(node);
+    const Tensor fused = Tensor(node).cpu();
+    const Tensor eag = eager(node).cpu();
     REQUIRE(fused.shape() == Shape{rows, cols});
     REQUIRE(fused.dtype() == node.info.dtype);
     REQUIRE(eag.dtype() == node.info.dtype);
@@ -191,13 +205,13 @@ void sweep_op(bool specials) {
                 const Tensor a = make_input(dt, lay, range_for<Op>(0, integral), g, specials);
                 for (DType to : all_dtypes) {
                     if (specials && !is_floating(to)) continue;  // nan/inf -> int is undefined, as in C++ and torch
-                    check_node<Op>(build<Op>(to, a), {a}, to, label + " -> " + std::string(dtype_name(to)));
+                    check_node<Op>(build<Op>(to, on_device(a)), {a}, to, label + " -> " + std::string(dtype_name(to)));
                 }
             } else if constexpr (Op::rule == DTypeRule::where) {
                 const Tensor c = make_input(DType::boolean, lay, {0, 1}, g);
                 const Tensor a = make_input(dt, Layout::contiguous, range_for<Op>(1, integral), g, specials);
                 const Tensor b = make_input(dt, lay, range_for<Op>(2, integral), g, specials);
-                check_node<Op>(build<Op>(DType::f32, c, a, b), {c, a, b}, DType::f32, label);
+                check_node<Op>(build<Op>(DType::f32, on_device(c), on_device(a), on_device(b)), {c, a, b}, DType::f32, label);
             } else {
                 std::vector<Tensor> in;
                 for (int k = 0; k < Op::arity; ++k)
@@ -205,28 +219,28 @@ void sweep_op(bool specials) {
                 if (!dtype_allowed<Op>(dt)) {
                     // unsupported dtypes raise DTypeError through both front doors
                     if constexpr (Op::arity == 1) {
-                        CHECK_THROWS_AS(Tensor(build<Op>(DType::f32, in[0])), DTypeError);
-                        CHECK_THROWS_AS(eager(build<Op>(DType::f32, in[0])), DTypeError);
+                        CHECK_THROWS_AS(Tensor(build<Op>(DType::f32, on_device(in[0]))), DTypeError);
+                        CHECK_THROWS_AS(eager(build<Op>(DType::f32, on_device(in[0]))), DTypeError);
                     } else {
-                        CHECK_THROWS_AS(Tensor(build<Op>(DType::f32, in[0], in[1])), DTypeError);
+                        CHECK_THROWS_AS(Tensor(build<Op>(DType::f32, on_device(in[0]), on_device(in[1]))), DTypeError);
                     }
                     continue;
                 }
                 if constexpr (Op::arity == 1) {
-                    check_node<Op>(build<Op>(DType::f32, in[0]), in, DType::f32, label);
+                    check_node<Op>(build<Op>(DType::f32, on_device(in[0])), in, DType::f32, label);
                 } else {
-                    check_node<Op>(build<Op>(DType::f32, in[0], in[1]), in, DType::f32, label);
+                    check_node<Op>(build<Op>(DType::f32, on_device(in[0]), on_device(in[1])), in, DType::f32, label);
                     // broadcast the other way round, and against a C++ number
                     const Tensor row = make_input(dt, Layout::broadcast, range_for<Op>(1, integral), g);
-                    check_node<Op>(build<Op>(DType::f32, in[0], row), {in[0], row}, DType::f32, label + " (x, row)");
+                    check_node<Op>(build<Op>(DType::f32, on_device(in[0]), on_device(row)), {in[0], row}, DType::f32, label + " (x, row)");
                     const double s = row.item<double>(0);
                     if (is_floating(dt)) {
                         const Tensor st = full({rows, cols}, s, dt);
-                        check_node<Op>(build<Op>(DType::f32, in[0], s), {in[0], st}, DType::f32, label + " (x, scalar)");
+                        check_node<Op>(build<Op>(DType::f32, on_device(in[0]), s), {in[0], st}, DType::f32, label + " (x, scalar)");
                     } else {
                         const auto si = static_cast<std::int64_t>(s);
                         const Tensor st = full({rows, cols}, si, dt);
-                        check_node<Op>(build<Op>(DType::f32, in[0], si), {in[0], st}, DType::f32, label + " (x, int scalar)");
+                        check_node<Op>(build<Op>(DType::f32, on_device(in[0]), si), {in[0], st}, DType::f32, label + " (x, int scalar)");
                     }
                 }
             }
@@ -248,6 +262,20 @@ TEST_CASE("nan, inf and signed zeros behave the same fused, eager and in the ref
         using Op = typename decltype(tag)::type;
         SUBCASE(std::string(Op::name).c_str()) { sweep_op<Op>(true); }
     });
+}
+
+TEST_CASE("on CUDA: every table op, every dtype and layout, fused == eager, both match float64") {
+    if (!cuda::is_available()) {
+        MESSAGE("no CUDA device: skipped");
+        return;
+    }
+    g_cuda = true;
+    for (bool specials : {false, true})
+        ops::for_each_op([&](auto tag) {
+            using Op = typename decltype(tag)::type;
+            SUBCASE((std::string(Op::name) + (specials ? " specials" : "")).c_str()) { sweep_op<Op>(specials); }
+        });
+    g_cuda = false;
 }
 
 TEST_CASE("large operands run on several threads and agree with the single-op kernel") {

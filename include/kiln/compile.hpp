@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/graph_exec.hpp"
+#include "kiln/backends/cuda/graph_exec.hpp"
 #include "kiln/cache/guards.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
@@ -194,8 +195,29 @@ inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
     }
 }
 
-/// The backend's executable for an optimized graph.
-inline Executable make_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic) {
+/// The CUDA device a program over these inputs (and the graph's captured tensors) runs on, or -1
+/// for the CPU.
+inline int program_device(const ir::Graph& g, const std::vector<Tensor>& inputs) {
+    for (const Tensor& t : inputs)
+        if (t.device().is_cuda()) return t.device().index;
+    for (const ir::Node& n : g.nodes)
+        if (n.kind == ir::Kind::constant && n.tensor.device().is_cuda()) return n.tensor.device().index;
+    return -1;
+}
+
+/// Shapes of the row groups of a plan after infer_shapes changed the graph's shapes.
+inline void refresh_row_spaces(const ir::Graph& g, fuse::Plan& p) {
+    for (auto& G : p.groups)
+        if (G.kind == fuse::Group::Kind::row)
+            for (int j : G.nodes)
+                if (g[j].kind == ir::Kind::reduce) {
+                    G.space = g[g[j].in[0]].shape;
+                    break;
+                }
+}
+
+/// The backend's executable for an optimized graph (device: a CUDA device index, or -1 for the CPU).
+inline Executable make_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device = -1) {
     if (opt.backend == Backend::custom) {
         if (!opt.custom_backend) throw ValueError("kiln::compile: Backend::custom needs Options::custom_backend");
         kernels = 0;
@@ -212,9 +234,17 @@ inline Executable make_executable(const ir::Graph& g, const Options& opt, int& k
             if (copy[i].kind != ir::Kind::input && copy[i].kind != ir::Kind::constant && copy[i].kind != ir::Kind::scalar)
                 copy.outputs.push_back(i);
         plan = fuse::plan(copy, one);
-        auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(copy, plan);
         kernels = plan.kernels();
         const std::size_t nout = g.outputs.size();
+        if (device >= 0) {
+            auto cprog = std::make_shared<cuda::detail::CudaGraphProgram>(copy, plan, device);
+            return [cprog, nout](const std::vector<Tensor>& in) {
+                std::vector<Tensor> all = cprog->run(in);
+                all.resize(nout);
+                return all;
+            };
+        }
+        auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(copy, plan);
         return [prog, nout](const std::vector<Tensor>& in) {
             std::vector<Tensor> all = prog->run(in);
             all.resize(nout);
@@ -233,6 +263,17 @@ inline Executable make_executable(const ir::Graph& g, const Options& opt, int& k
         }
         debug::log("fusion", s.str());
     }
+    if (device >= 0) {
+        auto cprog = std::make_shared<cuda::detail::CudaGraphProgram>(g, plan, device);
+        if (!dynamic) return [cprog](const std::vector<Tensor>& in) { return cprog->run(in); };
+        return [cprog](const std::vector<Tensor>& in) {
+            ir::Graph g2 = cprog->graph();
+            infer_shapes(g2, in);
+            fuse::Plan p2 = cprog->plan();
+            refresh_row_spaces(g2, p2);
+            return cprog->run_graph(g2, p2, in);
+        };
+    }
     auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(g, plan);
     if (!dynamic) return [prog](const std::vector<Tensor>& in) { return prog->run(in); };
     const Options o = opt;
@@ -240,13 +281,7 @@ inline Executable make_executable(const ir::Graph& g, const Options& opt, int& k
         ir::Graph g2 = prog->graph();
         infer_shapes(g2, in);
         fuse::Plan p2 = prog->plan();
-        for (auto& G : p2.groups)
-            if (G.kind == fuse::Group::Kind::row)
-                for (int j : G.nodes)
-                    if (g2[j].kind == ir::Kind::reduce) {
-                        G.space = g2[g2[j].in[0]].shape;
-                        break;
-                    }
+        refresh_row_spaces(g2, p2);
         return kiln::detail::CpuGraphProgram(std::move(g2), std::move(p2), /*plan_memory=*/false).run(in);
     };
 }
@@ -435,7 +470,7 @@ private:
         detail::Segment s{h, {}, {}};
         for (const Tensor& t : inputs) s.guards.push_back(cache::TensorGuard::of(t, {}));
         int kernels = 0;
-        s.run = detail::make_executable(g, opt_, kernels, false);
+        s.run = detail::make_executable(g, opt_, kernels, false, detail::program_device(g, inputs));
         debug::log("cache", "compiled a graph segment (" + std::to_string(kernels) + " kernels)");
         state_->segments.push_back(s);
         return s.run;
@@ -518,7 +553,7 @@ private:
             entry.fusion_text = s.str();
         }
         entry.hash = ir::structural_hash(opt);
-        entry.run = detail::make_executable(opt, opt_, entry.kernels, dynamic);
+        entry.run = detail::make_executable(opt, opt_, entry.kernels, dynamic, detail::program_device(opt, tr.segment_inputs()));
         debug::log("cache", "compiled " + std::to_string(entry.kernels) + " kernel(s), graph hash " + std::to_string(entry.hash));
         if (debug::log_on("output_code")) debug::log("output_code", entry.graph_text);
         return unflatten<R>(entry.run(tr.segment_inputs()), entry.out_sizes);

@@ -1,6 +1,8 @@
 // The one header users include; it only includes.
 #pragma once
 
+#include "kiln/backends/cuda/allocator.hpp"
+#include "kiln/backends/cuda/copy.hpp"
 #include "kiln/compile.hpp"
 #include "kiln/core/allocator.hpp"
 #include "kiln/core/device.hpp"

@@ -1,4 +1,4 @@
-// Host memory: the pluggable allocator interface and the default caching, 64-byte-aligned one.
+// Host memory: the pluggable allocator interface, the default caching 64-byte-aligned one, and the CUDA allocator hook.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,8 @@
 
 namespace kiln {
 
-/// Host memory source. Implementations must return blocks aligned to at least 64 bytes.
+/// Memory source. Host allocators return blocks aligned to at least 64 bytes; a device allocator
+/// (backends/cuda/allocator.hpp) returns device addresses as void*.
 class Allocator {
 public:
     virtual ~Allocator() = default;
@@ -122,6 +123,15 @@ inline Allocator& host_allocator() { return *detail::current_host_allocator(); }
 inline void set_host_allocator(Allocator* a) {
     detail::current_host_allocator() = a ? a : &detail::host_caching_allocator();
 }
+/// Gives the allocator of CUDA device `index`, or throws DeviceError (no driver, no such device).
+using DeviceAllocatorHook = Allocator* (*)(int index);
+/// The hook Tensor uses to allocate on CUDA devices, so core needs no CUDA header: null until
+/// kiln/backends/cuda/allocator.hpp (included by kiln/kiln.hpp) installs kiln's caching allocator.
+inline DeviceAllocatorHook& cuda_allocator_hook() {
+    static DeviceAllocatorHook hook = nullptr;
+    return hook;
+}
+
 /// Statistics of kiln's default host allocator.
 inline AllocatorStats host_allocator_stats() { return detail::host_caching_allocator().stats(); }
 /// Frees the blocks the default host allocator keeps for reuse.

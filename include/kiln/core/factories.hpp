@@ -1,4 +1,4 @@
-// Tensor factories: empty, zeros, ones, full, arange, linspace, rand, randn, randint.
+// Tensor factories: empty, zeros, ones, full, arange, linspace, rand, randn, randint, on any device.
 #pragma once
 
 #include <cmath>
@@ -23,6 +23,17 @@ Tensor generate(const Shape& shape, DType dtype, F&& f) {
     });
     return t;
 }
+
+/// A tensor on `device` whose values make_on_host() computes on the host (the CUDA factories
+/// fill on the host and transfer, so their values equal the CPU factory's). The device tensor is
+/// allocated first, so a missing device fails before any work (and before a generator advances).
+template <class F>
+Tensor make_on(const Shape& shape, DType dtype, Device device, const std::source_location& loc, F&& make_on_host) {
+    if (device.is_cpu()) return make_on_host();
+    Tensor out(shape, dtype, device, loc);
+    out.copy_(make_on_host(), loc);
+    return out;
+}
 }  // namespace detail
 
 using Loc = std::source_location;
@@ -31,14 +42,41 @@ using Loc = std::source_location;
 inline Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu(), Loc loc = Loc::current()) {
     return Tensor(shape, dtype, device, loc);
 }
-/// Every element `value`.
-inline Tensor full(const Shape& shape, Scalar value, DType dtype = DType::f32, Loc loc = Loc::current()) {
-    Tensor t(shape, dtype, Device::cpu(), loc);
+/// Uninitialised float32 memory on device.
+inline Tensor empty(const Shape& shape, Device device, Loc loc = Loc::current()) {
+    return Tensor(shape, DType::f32, device, loc);
+}
+
+/// Every element `value`, on device (CUDA: the driver's memset where the value's bytes repeat).
+inline Tensor full(const Shape& shape, Scalar value, DType dtype, Device device, Loc loc = Loc::current()) {
+    Tensor t(shape, dtype, device, loc);
     t.fill_(value);
     return t;
 }
+/// Every element `value`.
+inline Tensor full(const Shape& shape, Scalar value, DType dtype = DType::f32, Loc loc = Loc::current()) {
+    return full(shape, value, dtype, Device::cpu(), loc);
+}
+/// Every element `value` (float32), on device.
+inline Tensor full(const Shape& shape, Scalar value, Device device, Loc loc = Loc::current()) {
+    return full(shape, value, DType::f32, device, loc);
+}
+/// Zeros.
 inline Tensor zeros(const Shape& shape, DType dtype = DType::f32, Loc loc = Loc::current()) { return full(shape, 0, dtype, loc); }
+/// Zeros on device.
+inline Tensor zeros(const Shape& shape, DType dtype, Device device, Loc loc = Loc::current()) {
+    return full(shape, 0, dtype, device, loc);
+}
+/// Float32 zeros on device.
+inline Tensor zeros(const Shape& shape, Device device, Loc loc = Loc::current()) { return full(shape, 0, DType::f32, device, loc); }
+/// Ones.
 inline Tensor ones(const Shape& shape, DType dtype = DType::f32, Loc loc = Loc::current()) { return full(shape, 1, dtype, loc); }
+/// Ones on device.
+inline Tensor ones(const Shape& shape, DType dtype, Device device, Loc loc = Loc::current()) {
+    return full(shape, 1, dtype, device, loc);
+}
+/// Float32 ones on device.
+inline Tensor ones(const Shape& shape, Device device, Loc loc = Loc::current()) { return full(shape, 1, DType::f32, device, loc); }
 
 /// start, start+step, ... below end (above, for a negative step).
 inline Tensor arange(double start, double end, double step = 1, DType dtype = DType::f32, Loc loc = Loc::current()) {
@@ -49,8 +87,20 @@ inline Tensor arange(double start, double end, double step = 1, DType dtype = DT
     return detail::generate(Shape{static_cast<std::int64_t>(count)}, dtype,
                             [&](std::int64_t i) { return start + static_cast<double>(i) * step; });
 }
+/// start, start+step, ... below end, on device.
+inline Tensor arange(double start, double end, double step, DType dtype, Device device, Loc loc = Loc::current()) {
+    return arange(start, end, step, dtype, loc).to(device, loc);
+}
 /// 0, 1, ..., end-1.
 inline Tensor arange(std::int64_t end, DType dtype = DType::i64) { return arange(0, static_cast<double>(end), 1, dtype); }
+/// 0, 1, ..., end-1 on device.
+inline Tensor arange(std::int64_t end, DType dtype, Device device, Loc loc = Loc::current()) {
+    return arange(0, static_cast<double>(end), 1, dtype, device, loc);
+}
+/// 0, 1, ..., end-1 (int64) on device.
+inline Tensor arange(std::int64_t end, Device device, Loc loc = Loc::current()) {
+    return arange(0, static_cast<double>(end), 1, DType::i64, device, loc);
+}
 
 /// `steps` evenly spaced values from start to end inclusive.
 inline Tensor linspace(double start, double end, std::int64_t steps, DType dtype = DType::f32, Loc loc = Loc::current()) {
@@ -61,6 +111,10 @@ inline Tensor linspace(double start, double end, std::int64_t steps, DType dtype
         return (steps == 1 || i < steps / 2) ? start + step * static_cast<double>(i) : end - step * static_cast<double>(steps - 1 - i);
     });
 }
+/// `steps` evenly spaced values from start to end inclusive, on device.
+inline Tensor linspace(double start, double end, std::int64_t steps, DType dtype, Device device, Loc loc = Loc::current()) {
+    return linspace(start, end, steps, dtype, loc).to(device, loc);
+}
 
 /// Uniform in [0, 1): drawn on the dtype's own grid, so rounding never reaches 1.
 inline Tensor rand(const Shape& shape, DType dtype = DType::f32, Generator& gen = default_generator()) {
@@ -70,10 +124,26 @@ inline Tensor rand(const Shape& shape, DType dtype = DType::f32, Generator& gen 
         return std::ldexp(static_cast<double>(gen.bits(c0 + static_cast<std::uint64_t>(i)) >> (64 - bits)), -bits);
     });
 }
+/// Uniform in [0, 1) on device: the same numbers as the CPU factory from the same generator state.
+inline Tensor rand(const Shape& shape, DType dtype, Device device, Generator& gen = default_generator(), Loc loc = Loc::current()) {
+    return detail::make_on(shape, dtype, device, loc, [&] { return rand(shape, dtype, gen); });
+}
+/// Float32 uniform in [0, 1) on device.
+inline Tensor rand(const Shape& shape, Device device, Generator& gen = default_generator(), Loc loc = Loc::current()) {
+    return rand(shape, DType::f32, device, gen, loc);
+}
 /// Standard normal.
 inline Tensor randn(const Shape& shape, DType dtype = DType::f32, Generator& gen = default_generator()) {
     const std::uint64_t c0 = gen.advance(static_cast<std::uint64_t>(shape.numel()));
     return detail::generate(shape, dtype, [&](std::int64_t i) { return gen.normal(c0 + static_cast<std::uint64_t>(i)); });
+}
+/// Standard normal on device: the same numbers as the CPU factory from the same generator state.
+inline Tensor randn(const Shape& shape, DType dtype, Device device, Generator& gen = default_generator(), Loc loc = Loc::current()) {
+    return detail::make_on(shape, dtype, device, loc, [&] { return randn(shape, dtype, gen); });
+}
+/// Float32 standard normal on device.
+inline Tensor randn(const Shape& shape, Device device, Generator& gen = default_generator(), Loc loc = Loc::current()) {
+    return randn(shape, DType::f32, device, gen, loc);
 }
 /// Integers uniform in [low, high).
 inline Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, DType dtype = DType::i64,
@@ -84,6 +154,17 @@ inline Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, D
     return detail::generate(shape, dtype, [&](std::int64_t i) {
         return static_cast<double>(low + static_cast<std::int64_t>(gen.bits(c0 + static_cast<std::uint64_t>(i)) % span));
     });
+}
+/// Integers uniform in [low, high) on device: the same numbers as the CPU factory from the same generator state.
+inline Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, DType dtype, Device device,
+                      Generator& gen = default_generator(), Loc loc = Loc::current()) {
+    if (high <= low) detail::fail<ValueError>("randint", "needs low < high, got [" + std::to_string(low) + ", " + std::to_string(high) + ")", loc);
+    return detail::make_on(shape, dtype, device, loc, [&] { return randint(low, high, shape, dtype, gen, loc); });
+}
+/// Int64 integers uniform in [low, high) on device.
+inline Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Device device,
+                      Generator& gen = default_generator(), Loc loc = Loc::current()) {
+    return randint(low, high, shape, DType::i64, device, gen, loc);
 }
 
 }  // namespace kiln

@@ -66,9 +66,11 @@ inline void print_rec(std::ostream& os, const Tensor& t, const PrintFormat& f, i
 
 }  // namespace detail
 
-/// torch-style text: `tensor([[1.0000, 2.5000], ...])`, with the dtype when it is not the default.
-inline std::string to_string(const Tensor& t) {
-    if (!t.defined()) return "tensor(undefined)";
+/// torch-style text: `tensor([[1.0000, 2.5000], ...])`, with the dtype when it is not the default
+/// and the device when it is not the CPU (a CUDA tensor is copied to the host to be printed).
+inline std::string to_string(const Tensor& tensor) {
+    if (!tensor.defined()) return "tensor(undefined)";
+    const Tensor t = tensor.device().is_cpu() ? tensor : tensor.cpu();
     std::ostringstream os;
     const bool summarize = t.numel() > detail::print_threshold;
     detail::PrintFormat f;
@@ -101,6 +103,7 @@ inline std::string to_string(const Tensor& t) {
     if (t.numel() == 0 && t.rank() != 1) os << ", size=" << t.shape().str();
     if (t.dtype() != DType::f32 && t.dtype() != DType::i64 && t.dtype() != DType::boolean)
         os << ", dtype=kiln." << dtype_name(t.dtype());
+    if (!tensor.device().is_cpu()) os << ", device=" << tensor.device().str();
     os << ')';
     return os.str();
 }

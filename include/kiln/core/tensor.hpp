@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <source_location>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/core/dtype.hpp"
@@ -15,6 +16,15 @@
 #include "kiln/core/storage.hpp"
 
 namespace kiln {
+
+namespace detail {
+/// An error message without its "kiln::<op>: " prefix, to be wrapped in another op's message.
+inline std::string strip_kiln_prefix(std::string_view what) {
+    if (what.starts_with("kiln::"))
+        if (const auto colon = what.find(": "); colon != std::string_view::npos) what.remove_prefix(colon + 2);
+    return std::string(what);
+}
+}  // namespace detail
 
 /// True for expression-template types (specialised in expr/node.hpp).
 template <class E> struct IsExprNode : std::false_type {};
@@ -37,13 +47,30 @@ public:
 
     Tensor() = default;
     /// Uninitialised tensor of the given shape and dtype on device (the factories use this).
+    /// CUDA memory comes from kiln's caching device allocator (installed by kiln/kiln.hpp, or by
+    /// kiln/backends/cuda/allocator.hpp); DeviceError when there is no driver or no such device,
+    /// OutOfMemory when the device is full.
     Tensor(const Shape& shape, DType dtype, Device device = Device::cpu(), Loc loc = Loc::current())
         : shape_(shape), strides_(contiguous_strides(shape)), dtype_(dtype) {
-        if (!device.is_cpu())
-            detail::fail<DeviceError>("empty", "device " + device.str() + " is not available in this build", loc);
         for (auto d : shape)
             if (d < 0) detail::fail<ShapeError>("empty", "negative dimension in shape " + shape.str(), loc);
-        storage_ = std::make_shared<detail::Storage>(std::max<std::size_t>(nbytes_dense(), 1), host_allocator(), device);
+        const std::size_t nbytes = std::max<std::size_t>(nbytes_dense(), 1);
+        if (device.is_cpu()) {
+            storage_ = std::make_shared<detail::Storage>(nbytes, host_allocator(), device);
+            return;
+        }
+        const std::string where = "cannot create a tensor on " + device.str() + ": ";
+        const DeviceAllocatorHook hook = cuda_allocator_hook();
+        if (!hook)
+            detail::fail<DeviceError>("empty", where + "kiln's CUDA allocator is not compiled in (include "
+                                                       "kiln/kiln.hpp or kiln/backends/cuda/allocator.hpp)", loc);
+        try {
+            storage_ = std::make_shared<detail::Storage>(nbytes, *hook(device.index), device);
+        } catch (const OutOfMemory& e) {
+            detail::fail<OutOfMemory>("empty", where + detail::strip_kiln_prefix(e.what()), loc);
+        } catch (const DeviceError& e) {
+            detail::fail<DeviceError>("empty", where + detail::strip_kiln_prefix(e.what()), loc);
+        }
     }
     /// A view of existing storage (interop and views use this).
     Tensor(std::shared_ptr<detail::Storage> storage, std::int64_t offset, const Shape& shape, const Strides& strides,
@@ -102,7 +129,8 @@ public:
         if (traced_) return trace::materialize(*this, std::source_location::current()).data_ptr();
         return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size());
     }
-    /// Typed address of the first element; T must be the tensor's dtype.
+    /// Typed address of the first element; T must be the tensor's dtype. For a CUDA tensor this
+    /// is a device address: pass it to kernels, never dereference it on the host.
     template <Element T>
     T* data(Loc loc = Loc::current()) const {
         if (traced_) return trace::materialize(*this, loc).template data<T>(loc);
@@ -112,9 +140,12 @@ public:
 
     // ---- element access
     /// Reference to one element; T must be the dtype. Negative indices count from the end.
+    /// Host tensors only: a CUDA tensor throws DeviceError (read it with item(), or copy it with cpu()).
     template <Element T>
     T& at(std::initializer_list<std::int64_t> index, Loc loc = Loc::current()) const {
         if (traced_) return trace::materialize(*this, loc).template at<T>(index, loc);
+        if (!device().is_cpu())
+            detail::fail<DeviceError>("at", "tensor is on " + device().str() + "; copy it with .cpu()", loc);
         check_dtype<T>("at", loc);
         return *reinterpret_cast<T*>(element_address(index, loc));
     }
@@ -126,7 +157,8 @@ public:
                                                  " elements cannot be converted to a scalar", loc);
         return item<T>(0, loc);
     }
-    /// Element `flat` in row-major logical order, converted to T.
+    /// Element `flat` in row-major logical order, converted to T. On a CUDA tensor this copies
+    /// the one element to the host (and waits for the device's stream).
     template <Element T>
     T item(std::int64_t flat, Loc loc = Loc::current()) const {
         if (traced_) return trace::materialize(*this, loc).template item<T>(flat, loc);
@@ -138,6 +170,7 @@ public:
             off += (flat % shape_[i]) * strides_[i];
             flat /= shape_[i];
         }
+        if (!device().is_cpu()) return Tensor(storage_, offset_ + off, Shape{}, Strides{}, dtype_).cpu(loc).template item<T>(0, loc);
         const char* p = static_cast<const char*>(data_ptr()) + off * static_cast<std::int64_t>(element_size());
         return visit_dtype(dtype_, [&](auto tag) {
             using S = typename decltype(tag)::type;
@@ -183,7 +216,15 @@ public:
     Tensor clone() const;
     /// A copy converted to dtype (this tensor when it already has it).
     Tensor to(DType dtype, Loc loc = Loc::current()) const;
-    /// Writes src (broadcast to this shape, converted to this dtype) into this tensor's elements.
+    /// A copy on `device` (this tensor when it is already there); contiguous, same dtype.
+    /// Between two CUDA devices the data goes through the host.
+    Tensor to(Device device, Loc loc = Loc::current()) const;
+    /// A copy in host memory (this tensor when it is already there).
+    Tensor cpu(Loc loc = Loc::current()) const;
+    /// A copy on CUDA device `index` (this tensor when it is already there).
+    Tensor cuda(int index = 0, Loc loc = Loc::current()) const;
+    /// Writes src (broadcast to this shape, converted to this dtype) into this tensor's elements;
+    /// src may be on another device.
     Tensor& copy_(const Tensor& src, Loc loc = Loc::current());
     /// Evaluates expr straight into this tensor's memory (aliasing with its operands is handled).
     template <class E>

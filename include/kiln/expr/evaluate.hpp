@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/program.hpp"
+#include "kiln/backends/cuda/frontend.hpp"
 #include "kiln/expr/node.hpp"
 #include "kiln/trace/tracer.hpp"
 
@@ -239,6 +240,25 @@ inline bool may_alias(const Tensor& out, const Tensor& in) {
 template <class E>
 void evaluate_into(const E& e, const Tensor& out) {
     if (out.numel() == 0) return;
+    if (out.device().is_cuda() || cuda::detail::on_cuda(e)) {
+        // the statement's kernel writes straight into out when it can (contiguous, same shape and
+        // dtype); otherwise into a new tensor that is then converted, broadcast and copied
+        if (out.device().is_cuda() && out.is_contiguous() && e.info.shape == out.shape() && e.info.dtype == out.dtype()) {
+            (void)cuda::detail::eval_expr(e, std::source_location::current(), &out);
+            return;
+        }
+        const Tensor v = cuda::detail::eval_expr(e, std::source_location::current());
+        const Tensor w = v.shape() == out.shape() && v.dtype() == out.dtype()
+                             ? v
+                             : cuda::detail::eval_expr(make<ops::Cast>(out.dtype(), v.expand(out.shape())),
+                                                       std::source_location::current());
+        if (!out.is_contiguous())
+            kiln::detail::fail<DeviceError>("copy_", "writing into a non-contiguous CUDA tensor (shape " + out.shape().str() +
+                                                         ", strides " + out.strides().str() + ") is not supported yet",
+                                            std::source_location::current());
+        cuda::detail::copy_contiguous_into(out, w);
+        return;
+    }
     kiln::detail::Access oa = kiln::detail::access_of(out, out.shape());
     const Evaluator<E> ev(e, out.shape(), {}, {&oa});
     kiln::detail::store_tiles(ev.space(), oa, ev.ct(),
@@ -249,6 +269,16 @@ void evaluate_into(const E& e, const Tensor& out) {
 /// operand order) into a new tensor of the node's shape and dtype.
 inline Tensor run_single_op(ops::OpId op, const Info& info, DType attr, const std::vector<Tensor>& tensors,
                             const std::vector<int>& operand_is_tensor, const std::vector<double>& scalars) {
+    for (const Tensor& t : tensors)
+        if (t.device().is_cuda()) {
+            DType ct = info.ct;
+            if (info.agnostic) {
+                ct = DType::f32;
+                for (const Tensor& u : tensors)
+                    if (u.dtype() != DType::boolean) { ct = compute_dtype(u.dtype()); break; }
+            }
+            return cuda::detail::run_op(op, info.dtype, ct, attr, info.shape, tensors, operand_is_tensor, scalars);
+        }
     kiln::detail::TileProgram p;
     Tensor out(info.shape, info.dtype);
     p.scalars = scalars;
@@ -309,6 +339,10 @@ Tensor::Tensor(const E& e, Loc loc) {
         return;
     }
     if (!e.info.ok()) e.info.raise(loc);
+    if (cuda::detail::on_cuda(e)) {
+        *this = cuda::detail::eval_expr(e, loc);
+        return;
+    }
     *this = Tensor(e.info.shape, e.info.dtype);
     expr::evaluate_into(e, *this);
 }

@@ -34,9 +34,13 @@ using EigenMatrixMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynami
                                   Eigen::Unaligned, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
 
 /// An Eigen::Map over a 2-D (or 1-D, as a column) tensor without copying; any strides work.
-/// T must be the tensor's dtype. Writes through the map change the tensor.
+/// T must be the tensor's dtype. Writes through the map change the tensor. Host tensors only:
+/// a CUDA tensor throws DeviceError (copy it with cpu() first).
 template <class T, Layout L = Layout::row_major>
 EigenMatrixMap<T, L> as_eigen(const Tensor& t, std::source_location loc = std::source_location::current()) {
+    if (!t.device().is_cpu())
+        detail::fail<DeviceError>("as_eigen", "tensor is on " + t.device().str() +
+                                                  "; Eigen maps host memory only, copy it with .cpu()", loc);
     if (t.rank() > 2 || t.rank() == 0)
         detail::fail<ShapeError>("as_eigen", "needs a 1-D or 2-D tensor, got shape " + t.shape().str(), loc);
     const std::int64_t rows = t.size(0), cols = t.rank() == 2 ? t.size(1) : 1;

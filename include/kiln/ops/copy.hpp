@@ -1,24 +1,61 @@
-// Tensor methods that copy or convert data: contiguous, clone, to, copy_, fill_.
+// Tensor methods that copy or convert data: contiguous, clone, to, copy_, fill_, and moves between devices.
 #pragma once
 
+#include <cstdlib>
+
+#include "kiln/backends/cuda/copy.hpp"
 #include "kiln/expr/evaluate.hpp"
 #include "kiln/ops/elementwise.hpp"
 
 namespace kiln {
 
+// Across devices copy_ converts and broadcasts on the host and moves only the result, so a
+// transfer never needs a device kernel unless a CUDA side is strided. Between two CUDA devices
+// the data goes through the host (no peer-to-peer copies yet).
 inline Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
     Shape b;
     if (!detail::try_broadcast(src.shape(), shape_, b) || !(b == shape_))
         detail::fail<ShapeError>("copy_", "cannot copy a tensor of shape " + src.shape().str() +
                                               " into a tensor of shape " + shape_.str(), loc);
     if (numel() == 0) return *this;
+    const Device dst_dev = device(), src_dev = src.device();
+    const bool straight = src.dtype() == dtype_ && src.shape() == shape_;  // bytes move unchanged
+    if (dst_dev != src_dev) {
+        if (src_dev.is_cuda() && dst_dev.is_cuda()) return copy_(src.cpu(loc), loc);
+        if (dst_dev.is_cpu()) {  // device -> host
+            if (straight && is_contiguous() && !is_traced()) {
+                cuda::detail::download(*this, src);
+                return *this;
+            }
+            return copy_(src.cpu(loc), loc);  // convert and broadcast on the host
+        }
+        // host -> device
+        if (!straight) {
+            Tensor h(shape_, dtype_, Device::cpu(), loc);
+            h.copy_(src, loc);
+            return copy_(h, loc);
+        }
+        if (is_contiguous()) {
+            cuda::detail::upload(*this, src);
+            return *this;
+        }
+        return copy_(src.to(dst_dev, loc), loc);  // then a device kernel writes the strided view
+    }
+    if (dst_dev.is_cuda() && straight && is_contiguous() && src.is_contiguous()) {
+        if (data_ptr() == src.data_ptr()) return *this;
+        const std::int64_t gap = std::abs(offset() - src.offset());
+        if (storage() == src.storage() && gap < numel()) return copy_(src.clone(), loc);  // overlapping ranges
+        cuda::detail::device_to_device(data_ptr(), src.data_ptr(), nbytes(), dst_dev.index);
+        return *this;
+    }
+    // one device: the expression evaluator (a generated kernel on CUDA devices)
     const auto node = cast(expr::may_alias(*this, src) ? src.clone() : src, dtype_);
     expr::evaluate_into(node, *this);
     return *this;
 }
 
 inline Tensor Tensor::clone() const {
-    Tensor out(shape_, dtype_);
+    Tensor out(shape_, dtype_, device());
     out.copy_(*this);
     return out;
 }
@@ -30,8 +67,34 @@ inline Tensor Tensor::to(DType dtype, Loc loc) const {
     return Tensor(cast(*this, dtype), loc);
 }
 
+inline Tensor Tensor::to(Device device, Loc loc) const {
+    if (traced_) return trace::materialize(*this, loc).to(device, loc);
+    const Device from = this->device();
+    if (device == from) return *this;
+    if (from.is_cuda() && device.is_cuda()) return cpu(loc).to(device, loc);
+    Tensor out(shape_, dtype_, device, loc);
+    if (numel() == 0) return out;
+    if (device.is_cuda()) cuda::detail::upload(out, *this);
+    else cuda::detail::download(out, *this);
+    return out;
+}
+
+inline Tensor Tensor::cpu(Loc loc) const { return to(Device::cpu(), loc); }
+
+inline Tensor Tensor::cuda(int index, Loc loc) const { return to(Device::cuda(index), loc); }
+
 inline Tensor& Tensor::fill_(Scalar value) {
     if (numel() == 0) return *this;
+    if (device().is_cuda()) {
+        if (cuda::detail::is_dense(*this)) {
+            cuda::detail::fill_dense(*this, value.value);
+        } else {  // broadcast one filled element into the strided view (a device kernel)
+            Tensor one(Shape{}, dtype_, device());
+            cuda::detail::fill_dense(one, value.value);
+            copy_(one);
+        }
+        return *this;
+    }
     detail::IterSpace space{shape_};
     detail::Access a = detail::access_of(*this, shape_);
     detail::collapse(space, {&a});

@@ -3,6 +3,7 @@
 
 #include <Eigen/Core>
 
+#include "kiln/backends/cuda/matmul.hpp"
 #include "kiln/ops/copy.hpp"
 #include "kiln/trace/tracer.hpp"
 
@@ -98,6 +99,7 @@ inline Tensor matmul(const Tensor& a_in, const Tensor& b_in, std::source_locatio
         if (b_in.rank() > 1) out.push_back(n);
         return trace::record_matmul(a_in, b_in, out, dt, loc);
     }
+    if (a_in.device().is_cuda() || b_in.device().is_cuda()) return cuda::matmul(a_in, b_in, cuda::Epilogue::none, nullptr, loc);
     const DType ct = compute_dtype(dt);
     Shape sa = batch, sb = batch, sc = batch;
     sa.push_back(m); sa.push_back(k);

@@ -87,6 +87,9 @@ Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_loca
     if (trace::any_traced(e))
         return trace::record_reduce(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, reduced_shape(s, mask, keepdim),
                                     out_dtype, loc);
+    if (cuda::detail::on_cuda(e))
+        return cuda::detail::eval_reduce<R>(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim,
+                                            reduced_shape(s, mask, keepdim), out_dtype, R::name, loc);
     Tensor out(reduced_shape(s, mask, keepdim), out_dtype);
     if (inner == 0 && R::needs_elements && outer > 0)
         fail<ValueError>(R::name, "cannot reduce over an empty dimension of shape " + s.str() + " (no identity)", loc);
@@ -113,6 +116,9 @@ Tensor arg_reduce(const X& x, std::optional<std::int64_t> axis, bool keepdim, co
     const Shape out_shape = axis ? reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{});
     if (trace::any_traced(e))
         return trace::record_reduce(e, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim, out_shape, DType::i64, loc);
+    if (cuda::detail::on_cuda(e))
+        return cuda::detail::eval_reduce<std::bool_constant<Max>>(e, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim,
+                                                                  out_shape, DType::i64, op, loc);
     Tensor out(out_shape, DType::i64);
     if (inner == 0 && outer > 0) fail<ValueError>(op, "cannot reduce over an empty dimension of shape " + s.str(), loc);
     if (outer == 0) return out;

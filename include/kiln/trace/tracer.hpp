@@ -211,9 +211,10 @@ template <class E> bool any_traced(const E& e) {
 }
 
 namespace detail {
-template <class E> int lower(Tracer& tr, const E& e, DType parent_ct) {
+/// Records expression e as nodes of tr's graph; each tensor leaf becomes leaf(tensor)'s node.
+template <class E, class Leaf> int lower(Tracer& tr, const E& e, DType parent_ct, Leaf&& leaf) {
     if constexpr (std::is_same_v<E, expr::TensorLeaf>) {
-        return tr.node_of(e.t);
+        return leaf(e.t);
     } else if constexpr (std::is_same_v<E, expr::ScalarLeaf>) {
         return tr.scalar(e.s.value, parent_ct);
     } else {
@@ -224,7 +225,7 @@ template <class E> int lower(Tracer& tr, const E& e, DType parent_ct) {
         n.shape = e.info.shape;
         n.attr = e.attr;
         std::vector<int> kids;
-        std::apply([&](const auto&... a) { (kids.push_back(lower(tr, a, e.info.ct)), ...); }, e.args);
+        std::apply([&](const auto&... a) { (kids.push_back(lower(tr, a, e.info.ct, leaf)), ...); }, e.args);
         // agnostic (bool-valued) ops run in the compute type of their first non-scalar operand
         n.ct = e.info.ct;
         if (e.info.agnostic) {
@@ -238,6 +239,10 @@ template <class E> int lower(Tracer& tr, const E& e, DType parent_ct) {
         n.in = std::move(kids);
         return tr.graph().add(std::move(n));
     }
+}
+/// Records e; tensor leaves become graph inputs (traced values) or constants (captured tensors).
+template <class E> int lower(Tracer& tr, const E& e, DType parent_ct) {
+    return lower(tr, e, parent_ct, [&tr](const Tensor& t) { return tr.node_of(t); });
 }
 }  // namespace detail
 

@@ -1,0 +1,728 @@
+// CUDA C generation for fused groups: one skeleton per kernel family (elementwise, row, reduce),
+// filled only with the op table's CUDA strings and the reduction table's combines.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kiln/fuse/fuser.hpp"
+#include "kiln/ir/graph.hpp"
+#include "kiln/ops/op_table.hpp"
+#include "kiln/ops/reduce_table.hpp"
+
+namespace kiln::cuda::detail {
+
+// ------------------------------------------------------------------ types and conversions
+/// C type a dtype is stored as in device memory.
+inline const char* storage_type(DType d) {
+    switch (d) {
+        case DType::boolean: return "unsigned char";
+        case DType::i32: return "int";
+        case DType::i64: return "long long";
+        case DType::f16: case DType::bf16: return "unsigned short";
+        case DType::f32: return "float";
+        case DType::f64: return "double";
+    }
+    return "float";
+}
+/// C type a value of dtype d is held in while computing (f16/bf16 as float, bool as bool).
+inline const char* value_type(DType d) {
+    switch (d) {
+        case DType::boolean: return "bool";
+        case DType::i32: return "int";
+        case DType::i64: return "long long";
+        case DType::f64: return "double";
+        default: return "float";
+    }
+}
+/// C type an op with compute type ct runs in (bool computes as float, like the CPU backend).
+inline const char* compute_type(DType ct) { return ct == DType::boolean ? "float" : value_type(ct); }
+
+/// A stored element (expression `raw` of storage_type(d)) as its value type.
+inline std::string load_conv(DType d, const std::string& raw) {
+    switch (d) {
+        case DType::f16: return "kiln_h2f(" + raw + ")";
+        case DType::bf16: return "kiln_bf2f(" + raw + ")";
+        case DType::boolean: return "(" + raw + " != 0)";
+        default: return raw;
+    }
+}
+/// A value `v` as the storage type of d.
+inline std::string store_conv(DType d, const std::string& v) {
+    switch (d) {
+        case DType::f16: return "kiln_f2h((float)(" + v + "))";
+        case DType::bf16: return "kiln_f2bf((float)(" + v + "))";
+        case DType::boolean: return "(unsigned char)((" + v + ") != 0)";
+        default: return "(" + std::string(storage_type(d)) + ")(" + v + ")";
+    }
+}
+
+/// A number as an exact C literal of compute type ct.
+inline std::string literal(double v, DType ct) {
+    const std::string t = compute_type(ct);
+    char buf[64];
+    if (!is_floating(ct) && ct != DType::boolean) {
+        std::snprintf(buf, sizeof buf, "%lldll", static_cast<long long>(v));
+        return "((" + t + ")" + buf + ")";
+    }
+    if (std::isnan(v)) return "((" + t + ")__longlong_as_double(0x7ff8000000000000ll))";
+    if (std::isinf(v)) return v > 0 ? "((" + t + ")__longlong_as_double(0x7ff0000000000000ll))"
+                                     : "((" + t + ")__longlong_as_double(0xfff0000000000000ll))";
+    std::snprintf(buf, sizeof buf, "%a", v);  // hex float: exact
+    return "((" + t + ")" + buf + ")";
+}
+
+/// The op table's CUDA text for op with its operand expressions substituted ({0}, {1}, {2});
+/// for casts, {1} is the target: a type, or a rounding function for f16/bf16/bool.
+inline std::string op_text(ops::OpId op, const std::vector<std::string>& args, DType attr) {
+    const std::string_view pat = ops::visit_op(op, [](auto t) { return decltype(t)::type::cuda; });
+    const bool cast = op == ops::op_id<ops::Cast>;
+    std::string out;
+    for (std::size_t i = 0; i < pat.size(); ++i) {
+        if (pat[i] == '{' && i + 2 < pat.size() && pat[i + 2] == '}') {
+            const std::size_t k = static_cast<std::size_t>(pat[i + 1] - '0');
+            if (cast && k == 1) {
+                out += attr == DType::f16 ? "kiln_f16r" : attr == DType::bf16 ? "kiln_bf16r"
+                       : attr == DType::boolean ? "kiln_tobool" : value_type(attr);
+            } else {
+                out += args.at(k);
+            }
+            i += 2;
+        } else {
+            out += pat[i];
+        }
+    }
+    return out;
+}
+
+/// The reduction table's combine for a reduction kind, as a C expression of a and b.
+inline std::string combine_text(ir::ReduceKind k, const std::string& a, const std::string& b) {
+    std::string_view pat;
+    switch (k) {
+        case ir::ReduceKind::prod: pat = ops::ProdR::cuda_combine; break;
+        case ir::ReduceKind::max: pat = ops::MaxR::cuda_combine; break;
+        case ir::ReduceKind::min: pat = ops::MinR::cuda_combine; break;
+        default: pat = ops::SumR::cuda_combine; break;
+    }
+    std::string out;
+    for (std::size_t i = 0; i < pat.size(); ++i) {
+        if (pat[i] == '{' && i + 2 < pat.size() && pat[i + 2] == '}') {
+            out += pat[i + 1] == '0' ? a : b;
+            i += 2;
+        } else {
+            out += pat[i];
+        }
+    }
+    return out;
+}
+/// The identity of a reduction kind in accumulator type ct, as a literal.
+inline std::string identity_text(ir::ReduceKind k, DType ct) {
+    const double inf = std::numeric_limits<double>::infinity();
+    switch (k) {
+        case ir::ReduceKind::prod: return literal(1, ct);
+        case ir::ReduceKind::max:
+            if (is_floating(ct) || ct == DType::boolean) return literal(-inf, ct);
+            return ct == DType::i32 ? "((int)(-2147483647 - 1))" : "((long long)(-9223372036854775807ll - 1))";
+        case ir::ReduceKind::min:
+            if (is_floating(ct) || ct == DType::boolean) return literal(inf, ct);
+            return ct == DType::i32 ? "((int)2147483647)" : "((long long)9223372036854775807ll)";
+        default: return literal(0, ct);
+    }
+}
+
+/// Helpers every generated kernel starts with: conversions, NaN-propagating max/min, the table's
+/// named functions that CUDA lacks, vector access and block reductions.
+inline const char* prelude() {
+    return R"KILN(
+typedef unsigned short kiln_u16;
+__device__ __forceinline__ float kiln_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short kiln_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float kiln_bf2f(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
+__device__ __forceinline__ unsigned short kiln_f2bf(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float kiln_f16r(float x) { return kiln_h2f(kiln_f2h(x)); }
+__device__ __forceinline__ float kiln_bf16r(float x) { return kiln_bf2f(kiln_f2bf(x)); }
+template <class T> __device__ __forceinline__ bool kiln_tobool(T x) { return x != T(0); }
+template <class T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : (b != b) ? b : (a > b ? a : b); }
+template <class T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : (b != b) ? b : (a < b ? a : b); }
+template <class T> __device__ __forceinline__ T relu(T x) { return x < T(0) ? T(0) : x; }  // NaN and -0 pass, as on the CPU
+template <class T> __device__ __forceinline__ T sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
+__device__ __forceinline__ int floor(int x) { return x; }
+__device__ __forceinline__ long long floor(long long x) { return x; }
+__device__ __forceinline__ int ceil(int x) { return x; }
+__device__ __forceinline__ long long ceil(long long x) { return x; }
+__device__ __forceinline__ int rint(int x) { return x; }
+__device__ __forceinline__ long long rint(long long x) { return x; }
+template <class T> __device__ __forceinline__ T kiln_ipow(T a, T e) {
+  if (e < 0) return a == 1 ? T(1) : a == -1 ? ((e & 1) ? T(-1) : T(1)) : T(0);
+  unsigned long long r = 1, b = (unsigned long long)a;
+  for (; e != 0; e >>= 1) { if (e & 1) r *= b; b *= b; }
+  return (T)r;
+}
+__device__ __forceinline__ int pow(int a, int e) { return kiln_ipow(a, e); }
+__device__ __forceinline__ long long pow(long long a, long long e) { return kiln_ipow(a, e); }
+template <class T, int N> struct __align__(sizeof(T) * N) kiln_vec { T v[N]; };
+template <class T, class F> __device__ __forceinline__ T kiln_block_reduce(T v, F f, T* smem, T ident) {
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) smem[w] = v;
+  __syncthreads();
+  v = lane < nw ? smem[lane] : ident;
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+)KILN";
+}
+
+// ------------------------------------------------------------------ operand layouts
+/// How a kernel reaches an operand's elements from the iteration index.
+enum class Access : std::uint8_t {
+    contig,   ///< element i at p[i] (same layout as the iteration space)
+    scalar,   ///< one element for every index
+    inner,    ///< innermost dim unit-stride: a vector of consecutive elements at one offset
+    strided,  ///< offsets from coordinates and strides
+};
+inline char access_code(Access a) { return "csit"[static_cast<int>(a)]; }
+
+/// An operand collapsed with the iteration space: its strides (elements) per collapsed dim.
+struct Operand {
+    DType dtype = DType::f32;
+    std::uintptr_t address = 0;
+    std::vector<std::int64_t> strides;
+    Access access = Access::strided;
+};
+
+/// Collapses an iteration shape and its operands' strides: drops size-1 dims and merges dims that
+/// every operand walks contiguously. Returns the collapsed sizes.
+inline std::vector<std::int64_t> collapse_dims(const Shape& shape, std::vector<std::vector<std::int64_t>*> strides) {
+    std::vector<std::int64_t> sz;
+    std::vector<std::vector<std::int64_t>> st(strides.size());
+    for (int d = 0; d < shape.rank(); ++d) {
+        const std::int64_t n = shape[d];
+        if (n == 1) continue;
+        bool merge = !sz.empty();
+        for (std::size_t a = 0; merge && a < strides.size(); ++a) merge = st[a].back() == (*strides[a])[static_cast<std::size_t>(d)] * n;
+        if (merge) {
+            sz.back() *= n;
+            for (std::size_t a = 0; a < strides.size(); ++a) st[a].back() = (*strides[a])[static_cast<std::size_t>(d)];
+        } else {
+            sz.push_back(n);
+            for (std::size_t a = 0; a < strides.size(); ++a) st[a].push_back((*strides[a])[static_cast<std::size_t>(d)]);
+        }
+    }
+    for (std::size_t a = 0; a < strides.size(); ++a) *strides[a] = std::move(st[a]);
+    return sz;
+}
+
+/// Classifies an operand over collapsed sizes `sz`; `vec` is the vector width the kernel would use.
+inline Access classify(const Operand& o, const std::vector<std::int64_t>& sz, int vec) {
+    bool all_zero = true, contig = true;
+    std::int64_t expect = 1;
+    for (std::size_t d = sz.size(); d-- > 0;) {
+        if (o.strides[d] != 0) all_zero = false;
+        if (o.strides[d] != expect) contig = false;
+        expect *= sz[d];
+    }
+    if (all_zero) return Access::scalar;
+    const std::uintptr_t vbytes = static_cast<std::uintptr_t>(vec) * dtype_size(o.dtype);
+    if (contig) return Access::contig;
+    if (vec > 1 && !sz.empty() && o.strides.back() == 1 && sz.back() % vec == 0 && o.address % vbytes == 0) {
+        bool ok = true;
+        for (std::size_t d = 0; d + 1 < sz.size(); ++d) ok = ok && o.strides[d] % vec == 0;
+        if (ok) return Access::inner;
+    }
+    return Access::strided;
+}
+
+// ------------------------------------------------------------------ expression emission
+/// Emits the C statements computing the elementwise members of a group for one element, given
+/// how each leaf's value is named. `vals[i]` receives the variable naming node i.
+struct ExprEmitter {
+    const ir::Graph& g;
+    std::vector<std::string>& vals;  ///< node -> C expression of its value (value type)
+
+    /// Operand j of a node computing in ct, converted to ct.
+    std::string operand(int j, DType ct) const {
+        const ir::Node& n = g[j];
+        if (n.kind == ir::Kind::scalar) return literal(n.value, ct);
+        return "((" + std::string(compute_type(ct)) + ")(" + vals[static_cast<std::size_t>(j)] + "))";
+    }
+    /// `const VT v<i> = ...;` for elementwise node i; returns the statement.
+    std::string node(int i, const std::string& suffix = "") const {
+        const ir::Node& n = g[i];
+        std::vector<std::string> args;
+        for (int j : n.in) args.push_back(operand(j, n.ct));
+        const std::string var = "v" + std::to_string(i) + suffix;
+        vals[static_cast<std::size_t>(i)] = var;
+        return "const " + std::string(value_type(n.dtype)) + " " + var + " = (" + value_type(n.dtype) + ")(" +
+               op_text(n.op, args, n.attr) + ");\n";
+    }
+};
+
+/// A generated kernel: its name (from the hash of its text) and source.
+struct KernelText {
+    std::string name;
+    std::string source;
+};
+
+inline std::uint64_t text_hash(const std::string& s) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+inline KernelText finish_kernel(const std::string& family, const std::string& body_with_NAME) {
+    const std::uint64_t h = text_hash(body_with_NAME);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    const std::string name = "kiln_" + family + "_" + hex;
+    std::string src = body_with_NAME;
+    for (std::size_t p; (p = src.find("@NAME@")) != std::string::npos;) src.replace(p, 6, name);
+    return {name, std::string(prelude()) + src};
+}
+
+// ------------------------------------------------------------------ elementwise family
+/// The shape of one elementwise launch: collapsed sizes, operand layouts, vector width, index type.
+struct EwSignature {
+    int rank = 0;                  ///< collapsed rank
+    std::vector<Access> leaves;    ///< per leaf, in group leaf order
+    std::vector<DType> leaf_dtypes;
+    int vec = 1;
+    int unroll = 1;  ///< vectors per thread per grid-stride step
+    bool idx64 = false;
+    std::string key() const {
+        std::string k = std::to_string(rank) + (idx64 ? "L" : "i") + std::to_string(vec) + "u" + std::to_string(unroll) + ":";
+        for (std::size_t i = 0; i < leaves.size(); ++i) k += access_code(leaves[i]) + std::to_string(static_cast<int>(leaf_dtypes[i]));
+        return k;
+    }
+};
+
+/// Kernel parameters, in order: leaf pointers, out pointer, n, sizes[rank], then per strided or
+/// inner leaf its strides[rank]. Every parameter is 8 bytes. Each thread handles UNROLL vectors of
+/// VEC elements per grid-stride step, issuing all their loads before computing.
+inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, const EwSignature& sig) {
+    const int root = G.outputs[0];
+    const ir::Node& rn = g[root];
+    const int V = sig.vec, R = sig.rank, U = std::max(1, sig.unroll);
+    const std::string Vs = std::to_string(V), Us = std::to_string(U);
+    const std::string idx = sig.idx64 ? "long long" : "int";
+    std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
+    for (std::size_t k = 0; k < G.leaves.size(); ++k)
+        s += "const " + std::string(storage_type(sig.leaf_dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
+    s += std::string(storage_type(rn.dtype)) + "* __restrict__ out, long long n";
+    for (int d = 0; d < R; ++d) s += ", long long z" + std::to_string(d);
+    for (std::size_t k = 0; k < G.leaves.size(); ++k)
+        if (sig.leaves[k] == Access::strided || sig.leaves[k] == Access::inner)
+            for (int d = 0; d < R; ++d) s += ", long long s" + std::to_string(k) + "_" + std::to_string(d);
+    s += ") {\n";
+    s += "  typedef " + idx + " idx_t;\n";
+    std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
+    for (std::size_t k = 0; k < G.leaves.size(); ++k)
+        if (sig.leaves[k] == Access::scalar)
+            s += "  const " + std::string(value_type(sig.leaf_dtypes[k])) + " x" + std::to_string(k) + " = " +
+                 load_conv(sig.leaf_dtypes[k], "a" + std::to_string(k) + "[0]") + ";\n";
+    s += "  const idx_t nvec = (idx_t)(n / " + Vs + ");\n";
+    s += "  const idx_t step = (idx_t)gridDim.x * blockDim.x;\n";
+    s += "  for (idx_t t0 = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; t0 < nvec; t0 += step * " + Us + ") {\n";
+    auto coords = [&](const std::string& at, const std::string& pre) {
+        std::string c = "      { idx_t r_ = " + at + ";\n";
+        for (int d = R - 1; d >= 0; --d) {
+            c += "        const idx_t " + pre + std::to_string(d) + " = r_ % (idx_t)z" + std::to_string(d) + ";";
+            if (d > 0) c += " r_ /= (idx_t)z" + std::to_string(d) + ";";
+            c += "\n";
+        }
+        return c;
+    };
+    auto offset = [&](std::size_t k, const std::string& pre) {
+        std::string o = "(idx_t)0";
+        for (int d = 0; d < R; ++d) o += " + " + pre + std::to_string(d) + " * (idx_t)s" + std::to_string(k) + "_" + std::to_string(d);
+        return o;
+    };
+    auto vec_t = [&](DType d) { return "kiln_vec<" + std::string(storage_type(d)) + ", " + Vs + ">"; };
+    // 1. every vector load of the step first (contiguous and inner-broadcast leaves)
+    bool any_vec_load = false;
+    for (std::size_t k = 0; k < G.leaves.size(); ++k)
+        if (sig.leaves[k] == Access::contig || sig.leaves[k] == Access::inner) {
+            s += "    " + vec_t(sig.leaf_dtypes[k]) + " r" + std::to_string(k) + "[" + Us + "];\n";
+            any_vec_load = true;
+        }
+    if (any_vec_load) {
+        s += "    #pragma unroll\n    for (int u = 0; u < " + Us + "; ++u) {\n";
+        s += "      const idx_t t = t0 + u * step;\n      if (t < nvec) {\n        const idx_t i = t * " + Vs + ";\n";
+        bool need_base = false;
+        for (auto a : sig.leaves) need_base = need_base || a == Access::inner;
+        if (need_base) s += coords("i", "c");
+        for (std::size_t k = 0; k < G.leaves.size(); ++k) {
+            const std::string ks = std::to_string(k);
+            if (sig.leaves[k] == Access::contig)
+                s += "        r" + ks + "[u] = *(const " + vec_t(sig.leaf_dtypes[k]) + "*)(a" + ks + " + i);\n";
+            else if (sig.leaves[k] == Access::inner)
+                s += "        r" + ks + "[u] = *(const " + vec_t(sig.leaf_dtypes[k]) + "*)(a" + ks + " + " + offset(k, "c") + ");\n";
+        }
+        if (need_base) s += "      }\n";
+        s += "      }\n    }\n";
+    }
+    // 2. compute and store
+    s += "    #pragma unroll\n    for (int u = 0; u < " + Us + "; ++u) {\n";
+    s += "      const idx_t t = t0 + u * step;\n      if (t >= nvec) break;\n      const idx_t i = t * " + Vs + ";\n";
+    s += "      " + vec_t(rn.dtype) + " o_;\n";
+    s += "      #pragma unroll\n      for (int e = 0; e < " + Vs + "; ++e) {\n";
+    bool any_strided = false;
+    for (auto a : sig.leaves) any_strided = any_strided || a == Access::strided;
+    if (any_strided) s += coords("i + e", "c");
+    for (std::size_t k = 0; k < G.leaves.size(); ++k) {
+        const std::string ks = std::to_string(k);
+        const DType dt = sig.leaf_dtypes[k];
+        std::string raw;
+        switch (sig.leaves[k]) {
+            case Access::scalar: break;
+            case Access::contig: case Access::inner: raw = "r" + ks + "[u].v[e]"; break;
+            case Access::strided: raw = "a" + ks + "[" + offset(k, "c") + "]"; break;
+        }
+        if (!raw.empty()) s += "        const " + std::string(value_type(dt)) + " x" + ks + " = " + load_conv(dt, raw) + ";\n";
+        vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;
+    }
+    ExprEmitter em{g, vals};
+    for (int i : G.nodes)
+        if (g[i].kind == ir::Kind::elementwise) s += "        " + em.node(i);
+    s += "        o_.v[e] = " + store_conv(rn.dtype, vals[static_cast<std::size_t>(root)]) + ";\n";
+    if (any_strided) s += "      }\n";
+    s += "      }\n";
+    s += "      *(" + vec_t(rn.dtype) + "*)(out + i) = o_;\n";
+    s += "    }\n  }\n}\n";
+    return finish_kernel("ew", s);
+}
+
+// ------------------------------------------------------------------ row family
+/// One row launch: rows x L elements per row (the reduced axes collapsed last); per operand
+/// (leaves, then outputs) its access over the outer (row) dims and the inner (row element) dims.
+struct RowSignature {
+    int outer_rank = 0, inner_rank = 0;
+    std::vector<Access> inner_access;   ///< per operand: contig (unit stride row), scalar (per row), inner/strided
+    std::vector<char> outer_zero;       ///< per operand: same for every row (a weight)
+    std::vector<DType> dtypes;          ///< per operand
+    int threads = 256, items = 4, vec = 1;
+    bool exact = false;  ///< the row length is exactly threads x items x vec (no bounds checks)
+    bool idx64 = false;
+    std::string key() const {
+        std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (exact ? "x" : "") +
+                        std::to_string(threads) + "x" + std::to_string(items) + "x" + std::to_string(vec) + ":";
+        for (std::size_t i = 0; i < inner_access.size(); ++i)
+            k += access_code(inner_access[i]) + std::to_string(static_cast<int>(dtypes[i])) + (outer_zero[i] ? "z" : "");
+        return k;
+    }
+};
+
+/// Whether a node of a row group takes a value per row element (otherwise one per row).
+inline bool row_varies(const ir::Graph& g, int i, const Shape& space, unsigned mask) {
+    const ir::Node& n = g[i];
+    if (n.kind == ir::Kind::reduce) return false;
+    const Shape& s = n.shape;
+    for (int d = 0; d < space.rank(); ++d) {
+        const int k = d - (space.rank() - s.rank());
+        if ((mask & (1u << d)) && k >= 0 && s[k] != 1) return true;
+    }
+    return false;
+}
+
+/// The row kernel: one block per row (grid-stride), THREADS threads, each holding ITEMS vectors
+/// of VEC elements of every row-varying value in registers, so each leaf is read once per row.
+/// Operands (G.leaves then the stored outputs) come as pointers; then rows, L, outer sizes, inner
+/// sizes, and per operand its outer strides and (unless contig/scalar) inner strides.
+inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std::vector<int>& stored,
+                             const RowSignature& sig) {
+    const std::size_t nl = G.leaves.size(), no = stored.size();
+    const int T = sig.threads, I = sig.items, V = sig.vec, Ro = sig.outer_rank, Ri = sig.inner_rank;
+    const std::string idx = sig.idx64 ? "long long" : "int";
+    auto op_name = [&](std::size_t k) { return k < nl ? "a" + std::to_string(k) : "o" + std::to_string(k - nl); };
+    std::string s = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(T) + ") @NAME@(";
+    for (std::size_t k = 0; k < nl + no; ++k)
+        s += std::string(k < nl ? "const " : "") + storage_type(sig.dtypes[k]) + "* __restrict__ " + op_name(k) + ", ";
+    s += "long long rows, long long L";
+    for (int d = 0; d < Ro; ++d) s += ", long long zo" + std::to_string(d);
+    for (int d = 0; d < Ri; ++d) s += ", long long zi" + std::to_string(d);
+    for (std::size_t k = 0; k < nl + no; ++k) {
+        for (int d = 0; d < Ro; ++d) s += ", long long so" + std::to_string(k) + "_" + std::to_string(d);
+        if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
+            for (int d = 0; d < Ri; ++d) s += ", long long si" + std::to_string(k) + "_" + std::to_string(d);
+    }
+    s += ") {\n  typedef " + idx + " idx_t;\n  __shared__ double smem_[32];\n";
+    s += "  const int tid = threadIdx.x;\n";
+    s += "  for (idx_t r = blockIdx.x; r < (idx_t)rows; r += gridDim.x) {\n";
+    // row bases of every operand
+    s += "    idx_t b_[" + std::to_string(nl + no) + "];\n    { idx_t q_ = r;\n";
+    for (int d = Ro - 1; d >= 0; --d) {
+        s += "      const idx_t c" + std::to_string(d) + " = q_ % (idx_t)zo" + std::to_string(d) + ";";
+        if (d > 0) s += " q_ /= (idx_t)zo" + std::to_string(d) + ";";
+        s += "\n";
+    }
+    for (std::size_t k = 0; k < nl + no; ++k) {
+        std::string o = "(idx_t)0";
+        for (int d = 0; d < Ro; ++d) o += " + c" + std::to_string(d) + " * (idx_t)so" + std::to_string(k) + "_" + std::to_string(d);
+        s += "      b_[" + std::to_string(k) + "] = " + o + ";\n";
+    }
+    s += "    }\n";
+    // element offset of operand k at row element `col`
+    auto elem_offset = [&](std::size_t k, const std::string& col) -> std::string {
+        const std::string b = "b_[" + std::to_string(k) + "]";
+        switch (sig.inner_access[k]) {
+            case Access::scalar: return b;
+            case Access::contig: return b + " + " + col;
+            default: {
+                std::string o = "([&]() { idx_t q_ = " + col + "; idx_t o_ = " + b + ";";
+                for (int d = Ri - 1; d >= 0; --d) {
+                    o += " o_ += (q_ % (idx_t)zi" + std::to_string(d) + ") * (idx_t)si" + std::to_string(k) + "_" + std::to_string(d) + ";";
+                    if (d > 0) o += " q_ /= (idx_t)zi" + std::to_string(d) + ";";
+                }
+                return o + " return o_; }())";
+            }
+        }
+    };
+    const int per = I * V;
+    // rows of exactly THREADS x ITEMS x VEC need no bounds checks; otherwise one per vector (L is
+    // a multiple of VEC when VEC > 1)
+    const std::string guard = sig.exact ? "true" : "col0 < (idx_t)L";
+    const std::string loop_open = "    #pragma unroll\n    for (int j = 0; j < " + std::to_string(I) + "; ++j) {\n"
+                                  "      const idx_t col0 = ((idx_t)j * " + std::to_string(T) + " + tid) * " + std::to_string(V) + ";\n"
+                                  "      if (" + guard + ") {\n"
+                                  "      #pragma unroll\n      for (int e = 0; e < " + std::to_string(V) + "; ++e) {\n"
+                                  "        const idx_t col = col0 + e; const int q = j * " + std::to_string(V) + " + e;\n"
+                                  "        {\n";
+    const std::string loop_close = "        }\n      }\n      }\n    }\n";
+    std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
+    std::vector<char> varies(static_cast<std::size_t>(g.size()), 0);
+    // leaves: per-row ones as scalars, row-varying ones into registers
+    for (std::size_t k = 0; k < nl; ++k) {
+        const int leaf = G.leaves[k];
+        const DType dt = sig.dtypes[k];
+        const std::string ks = std::to_string(k), vt = value_type(dt), st = storage_type(dt);
+        if (sig.inner_access[k] == Access::scalar) {
+            s += "    const " + vt + " x" + ks + " = " + load_conv(dt, "a" + ks + "[b_[" + ks + "]]") + ";\n";
+            vals[static_cast<std::size_t>(leaf)] = "x" + ks;
+            continue;
+        }
+        varies[static_cast<std::size_t>(leaf)] = 1;
+        s += "    " + vt + " x" + ks + "[" + std::to_string(per) + "];\n";
+        if (V > 1 && (sig.inner_access[k] == Access::contig)) {
+            s += "    #pragma unroll\n    for (int j = 0; j < " + std::to_string(I) + "; ++j) {\n";
+            s += "      const idx_t col0 = ((idx_t)j * " + std::to_string(T) + " + tid) * " + std::to_string(V) + ";\n";
+            s += "      if (" + guard + ") { const kiln_vec<" + st + ", " + std::to_string(V) + "> w_ = *(const kiln_vec<" + st +
+                 ", " + std::to_string(V) + ">*)(a" + ks + " + b_[" + ks + "] + col0);\n";
+            s += "        #pragma unroll\n        for (int e = 0; e < " + std::to_string(V) + "; ++e) x" + ks + "[j * " +
+                 std::to_string(V) + " + e] = " + load_conv(dt, "w_.v[e]") + "; }\n    }\n";
+        } else {
+            s += loop_open + "          x" + ks + "[q] = " + load_conv(dt, "a" + ks + "[" + elem_offset(k, "col") + "]") + ";\n" + loop_close;
+        }
+        vals[static_cast<std::size_t>(leaf)] = "x" + ks + "[q]";
+    }
+    ExprEmitter em{g, vals};
+    int red = 0;
+    for (int i : G.nodes) {
+        const ir::Node& n = g[i];
+        const std::string is = std::to_string(i);
+        if (n.kind == ir::Kind::elementwise) {
+            bool v = false;
+            for (int j : n.in) v = v || varies[static_cast<std::size_t>(j)];
+            varies[static_cast<std::size_t>(i)] = v;
+            if (!v) {
+                s += "    " + em.node(i);
+                continue;
+            }
+            s += "    " + std::string(value_type(n.dtype)) + " v" + is + "[" + std::to_string(per) + "];\n";
+            std::vector<std::string> args;
+            for (int j : n.in) args.push_back(em.operand(j, n.ct));
+            s += loop_open + "          v" + is + "[q] = (" + value_type(n.dtype) + ")(" + op_text(n.op, args, n.attr) + ");\n" + loop_close;
+            vals[static_cast<std::size_t>(i)] = "v" + is + "[q]";
+        } else {  // reduce over the row
+            const DType acc = compute_dtype(n.dtype);
+            const std::string at = compute_type(acc);
+            const int x = n.in[0];
+            const std::string rs = std::to_string(red++);
+            s += "    " + at + " acc" + rs + " = " + identity_text(n.rkind, acc) + ";\n";
+            const std::string xv = "((" + at + ")(" + vals[static_cast<std::size_t>(x)] + "))";
+            if (varies[static_cast<std::size_t>(x)]) {
+                s += loop_open + "          acc" + rs + " = " + combine_text(n.rkind, "acc" + rs, xv) + ";\n" + loop_close;
+            } else {  // a per-row value reduced over L copies (sum: L * x)
+                s += "    for (idx_t c_ = tid; c_ < (idx_t)L; c_ += " + std::to_string(T) + ") acc" + rs + " = " +
+                     combine_text(n.rkind, "acc" + rs, xv) + ";\n";
+            }
+            s += "    acc" + rs + " = kiln_block_reduce(acc" + rs + ", [](" + at + " a, " + at + " b) { return (" + at + ")(" +
+                 combine_text(n.rkind, "a", "b") + "); }, (" + at + "*)smem_, " + identity_text(n.rkind, acc) + ");\n";
+            std::string val = "acc" + rs;
+            if (n.rkind == ir::ReduceKind::mean)
+                val = "(" + val + " / (" + at + ")kiln_max(0.0, (double)L - " + literal(n.correction, DType::f64) + "))";
+            s += "    const " + std::string(value_type(n.dtype)) + " v" + is + " = (" + value_type(n.dtype) + ")(" + val + ");\n";
+            vals[static_cast<std::size_t>(i)] = "v" + is;
+        }
+    }
+    // stores
+    for (std::size_t m = 0; m < no; ++m) {
+        const std::size_t k = nl + m;
+        const int o = stored[m];
+        const DType dt = sig.dtypes[k];
+        const std::string on = "o" + std::to_string(m);
+        if (!varies[static_cast<std::size_t>(o)]) {
+            s += "    if (tid == 0) " + on + "[b_[" + std::to_string(k) + "]] = " + store_conv(dt, vals[static_cast<std::size_t>(o)]) + ";\n";
+        } else if (V > 1 && sig.inner_access[k] == Access::contig) {  // one vector store per V elements
+            const std::string st = storage_type(dt), vt = "kiln_vec<" + st + ", " + std::to_string(V) + ">";
+            s += "    #pragma unroll\n    for (int j = 0; j < " + std::to_string(I) + "; ++j) {\n";
+            s += "      const idx_t col0 = ((idx_t)j * " + std::to_string(T) + " + tid) * " + std::to_string(V) + ";\n";
+            s += "      if (" + guard + ") { " + vt + " w_;\n";
+            s += "        #pragma unroll\n        for (int e = 0; e < " + std::to_string(V) + "; ++e) { const int q = j * " +
+                 std::to_string(V) + " + e; w_.v[e] = " + store_conv(dt, vals[static_cast<std::size_t>(o)]) + "; }\n";
+            s += "        *(" + vt + "*)(" + on + " + b_[" + std::to_string(k) + "] + col0) = w_; }\n    }\n";
+        } else {
+            s += loop_open + "          " + on + "[" + elem_offset(k, "col") + "] = " + store_conv(dt, vals[static_cast<std::size_t>(o)]) +
+                 ";\n" + loop_close;
+        }
+    }
+    s += "    __syncthreads();\n  }\n}\n";
+    return finish_kernel("row", s);
+}
+
+// ------------------------------------------------------------------ reduce family
+/// A reduction (or arg-reduction) with its elementwise prologue over rows of any length: blocks
+/// of 256 threads, `chunks` blocks per row; each block reduces its part of the row; with more
+/// than one chunk the block writes a partial (accumulator type) that a second launch combines.
+struct ReduceSignature {
+    int outer_rank = 0, inner_rank = 0;
+    std::vector<Access> inner_access;  ///< per leaf
+    std::vector<DType> dtypes;         ///< per leaf
+    bool idx64 = false;
+    bool partial = false;  ///< writes accumulators (first pass of a split reduction)
+    std::string key() const {
+        std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (partial ? "p" : "f") + ":";
+        for (std::size_t i = 0; i < inner_access.size(); ++i) k += access_code(inner_access[i]) + std::to_string(static_cast<int>(dtypes[i]));
+        return k;
+    }
+};
+
+/// Parameters: leaf pointers, out pointer, rows, L, chunks, outer sizes, inner sizes, per leaf
+/// outer strides and (unless contig/scalar) inner strides. For arg-reductions out is int64.
+inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const ReduceSignature& sig) {
+    const int r = G.outputs[0];
+    const ir::Node& rn = g[r];
+    const bool arg = rn.kind == ir::Kind::arg_reduce;
+    const int x = rn.in[0];
+    const std::size_t nl = G.leaves.size();
+    const int Ro = sig.outer_rank, Ri = sig.inner_rank;
+    const DType acc = arg ? compute_dtype(g[x].dtype) : compute_dtype(rn.dtype);
+    const std::string at = compute_type(acc), idx = sig.idx64 ? "long long" : "int";
+    std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
+    for (std::size_t k = 0; k < nl; ++k) s += "const " + std::string(storage_type(sig.dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
+    const std::string out_t = sig.partial ? at : arg ? "long long" : storage_type(rn.dtype);
+    s += out_t + "* __restrict__ out, long long rows, long long L, long long chunks";
+    for (int d = 0; d < Ro; ++d) s += ", long long zo" + std::to_string(d);
+    for (int d = 0; d < Ri; ++d) s += ", long long zi" + std::to_string(d);
+    for (std::size_t k = 0; k < nl; ++k) {
+        for (int d = 0; d < Ro; ++d) s += ", long long so" + std::to_string(k) + "_" + std::to_string(d);
+        if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
+            for (int d = 0; d < Ri; ++d) s += ", long long si" + std::to_string(k) + "_" + std::to_string(d);
+    }
+    s += ") {\n  typedef " + idx + " idx_t;\n  __shared__ double smem_[32];\n  __shared__ long long smi_[32];\n";
+    s += "  for (idx_t blk = blockIdx.x; blk < (idx_t)(rows * chunks); blk += gridDim.x) {\n";
+    s += "    const idx_t r = blk / (idx_t)chunks, ch = blk % (idx_t)chunks;\n";
+    s += "    const idx_t per_ = ((idx_t)L + (idx_t)chunks - 1) / (idx_t)chunks;\n";
+    s += "    const idx_t beg_ = ch * per_, end_ = beg_ + per_ < (idx_t)L ? beg_ + per_ : (idx_t)L;\n";
+    s += "    idx_t b_[" + std::to_string(std::max<std::size_t>(nl, 1)) + "];\n    { idx_t q_ = r;\n";
+    for (int d = Ro - 1; d >= 0; --d) {
+        s += "      const idx_t c" + std::to_string(d) + " = q_ % (idx_t)zo" + std::to_string(d) + ";";
+        if (d > 0) s += " q_ /= (idx_t)zo" + std::to_string(d) + ";";
+        s += "\n";
+    }
+    for (std::size_t k = 0; k < nl; ++k) {
+        std::string o = "(idx_t)0";
+        for (int d = 0; d < Ro; ++d) o += " + c" + std::to_string(d) + " * (idx_t)so" + std::to_string(k) + "_" + std::to_string(d);
+        s += "      b_[" + std::to_string(k) + "] = " + o + ";\n";
+    }
+    s += "    }\n";
+    s += "    " + at + " acc = " + (arg ? literal(0, acc) : identity_text(rn.rkind, acc)) + ";\n";
+    if (arg) s += "    long long at_ = -1;\n";
+    s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
+    std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
+    for (std::size_t k = 0; k < nl; ++k) {
+        const DType dt = sig.dtypes[k];
+        const std::string ks = std::to_string(k);
+        std::string off;
+        switch (sig.inner_access[k]) {
+            case Access::scalar: off = "b_[" + ks + "]"; break;
+            case Access::contig: off = "b_[" + ks + "] + col"; break;
+            default: {
+                off = "([&]() { idx_t q_ = col; idx_t o_ = b_[" + ks + "];";
+                for (int d = Ri - 1; d >= 0; --d) {
+                    off += " o_ += (q_ % (idx_t)zi" + std::to_string(d) + ") * (idx_t)si" + ks + "_" + std::to_string(d) + ";";
+                    if (d > 0) off += " q_ /= (idx_t)zi" + std::to_string(d) + ";";
+                }
+                off += " return o_; }())";
+            }
+        }
+        s += "      const " + std::string(value_type(dt)) + " x" + ks + " = " + load_conv(dt, "a" + ks + "[" + off + "]") + ";\n";
+        vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;
+    }
+    ExprEmitter em{g, vals};
+    for (int i : G.nodes)
+        if (g[i].kind == ir::Kind::elementwise) s += "      " + em.node(i);
+    const std::string xv = "((" + at + ")(" + vals[static_cast<std::size_t>(x)] + "))";
+    if (arg) {
+        const std::string better = rn.arg_max ? "v_ > acc" : "v_ < acc";
+        s += "      const " + at + " v_ = " + xv + ";\n";
+        s += "      if (at_ < 0 || (acc == acc && (v_ != v_ || " + better + "))) { acc = v_; at_ = col; }\n";
+    } else {
+        s += "      acc = " + combine_text(rn.rkind, "acc", xv) + ";\n";
+    }
+    s += "    }\n";
+    if (arg) {
+        // (value, index) pairs: NaN wins, then the better value, then the lower index
+        const std::string better = rn.arg_max ? "b > a" : "b < a";
+        s += "    #pragma unroll\n    for (int o = 16; o > 0; o >>= 1) {\n";
+        s += "      const " + at + " b = __shfl_xor_sync(0xffffffffu, acc, o); const long long bi = __shfl_xor_sync(0xffffffffu, at_, o);\n";
+        s += "      const " + at + " a = acc;\n";
+        s += "      const bool take = bi >= 0 && (at_ < 0 || (a == a && (b != b || " + better + ")) || ((a == b || (a != a && b != b)) && bi < at_));\n";
+        s += "      if (take) { acc = b; at_ = bi; }\n    }\n";
+        s += "    __syncthreads();\n    if ((threadIdx.x & 31) == 0) { ((" + at + "*)smem_)[threadIdx.x >> 5] = acc; smi_[threadIdx.x >> 5] = at_; }\n";
+        s += "    __syncthreads();\n    if (threadIdx.x == 0) {\n";
+        s += "      for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w) {\n";
+        s += "        const " + at + " b = ((" + at + "*)smem_)[w]; const long long bi = smi_[w]; const " + at + " a = acc;\n";
+        s += "        const bool take = bi >= 0 && (at_ < 0 || (a == a && (b != b || " + better + ")) || ((a == b || (a != a && b != b)) && bi < at_));\n";
+        s += "        if (take) { acc = b; at_ = bi; }\n      }\n";
+        s += "      out[r] = at_;\n    }\n";
+    } else {
+        s += "    acc = kiln_block_reduce(acc, [](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(rn.rkind, "a", "b") +
+             "); }, (" + at + "*)smem_, " + identity_text(rn.rkind, acc) + ");\n";
+        if (sig.partial) {
+            s += "    if (threadIdx.x == 0) out[blk] = acc;\n";
+        } else {
+            std::string val = "acc";
+            if (rn.rkind == ir::ReduceKind::mean)
+                val = "(acc / (" + at + ")kiln_max(0.0, (double)L - " + literal(rn.correction, DType::f64) + "))";
+            s += "    if (threadIdx.x == 0) out[r] = " + store_conv(rn.dtype, val) + ";\n";
+        }
+    }
+    s += "    __syncthreads();\n  }\n}\n";
+    return finish_kernel("red", s);
+}
+
+/// Second pass of a split reduction: combines `chunks` partials per row (accumulator type acc)
+/// and stores the result (mean divides by the full count `count`).
+inline KernelText combine_kernel(ir::ReduceKind k, DType acc, DType out, double correction) {
+    const std::string at = compute_type(acc);
+    std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(const " + at + "* __restrict__ in, " +
+                    storage_type(out) + "* __restrict__ out, long long rows, long long chunks, long long count) {\n";
+    s += "  __shared__ double smem_[32];\n";
+    s += "  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n";
+    s += "    " + at + " acc = " + identity_text(k, acc) + ";\n";
+    s += "    for (long long c = threadIdx.x; c < chunks; c += blockDim.x) acc = " + combine_text(k, "acc", "in[r * chunks + c]") + ";\n";
+    s += "    acc = kiln_block_reduce(acc, [](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(k, "a", "b") +
+         "); }, (" + at + "*)smem_, " + identity_text(k, acc) + ");\n";
+    std::string val = "acc";
+    if (k == ir::ReduceKind::mean) val = "(acc / (" + at + ")kiln_max(0.0, (double)count - " + literal(correction, DType::f64) + "))";
+    s += "    if (threadIdx.x == 0) out[r] = " + store_conv(out, val) + ";\n    __syncthreads();\n  }\n}\n";
+    return finish_kernel("comb", s);
+}
+
+}  // namespace kiln::cuda::detail

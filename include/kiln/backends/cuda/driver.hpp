@@ -1,0 +1,393 @@
+// The CUDA driver API, loaded at run time with dlopen: devices, primary contexts, streams, events,
+// modules and launches. One binary runs on machines with and without a GPU; where there is no
+// driver or no device, the first use throws DeviceError saying so.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+
+namespace kiln::cuda {
+
+// The driver's handle types, declared here so no CUDA header is needed (same layout as cuda.h's).
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+struct CUctx_st;
+struct CUmod_st;
+struct CUfunc_st;
+struct CUstream_st;
+struct CUevent_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
+using CUcontext = CUctx_st*;
+using CUmodule = CUmod_st*;
+using CUfunction = CUfunc_st*;
+using CUstream = CUstream_st*;
+using CUevent = CUevent_st*;
+using CUgraph = CUgraph_st*;
+using CUgraphExec = CUgraphExec_st*;
+
+namespace detail {
+
+inline constexpr CUresult cuda_success = 0;
+inline constexpr CUresult cuda_error_out_of_memory = 2;
+inline constexpr CUresult cuda_error_not_ready = 600;
+
+// Device attributes kiln reads (values of cuda.h's CUdevice_attribute).
+enum DeviceAttribute : int {
+    attr_max_threads_per_block = 1,
+    attr_max_shared_per_block = 8,
+    attr_sm_count = 16,
+    attr_l2_cache_size = 38,
+    attr_max_threads_per_sm = 39,
+    attr_cc_major = 75,
+    attr_cc_minor = 76,
+    attr_max_shared_per_block_optin = 97,
+};
+
+// Every entry point kiln uses: X(name in this struct, exported symbol, signature).
+#define KILN_CUDA_DRIVER_FUNCTIONS(X)                                                                       \
+    X(init, "cuInit", CUresult(unsigned))                                                             \
+    X(driver_get_version, "cuDriverGetVersion", CUresult(int*))                                       \
+    X(get_error_string, "cuGetErrorString", CUresult(CUresult, const char**))                         \
+    X(get_error_name, "cuGetErrorName", CUresult(CUresult, const char**))                             \
+    X(device_get_count, "cuDeviceGetCount", CUresult(int*))                                           \
+    X(device_get, "cuDeviceGet", CUresult(CUdevice*, int))                                            \
+    X(device_get_name, "cuDeviceGetName", CUresult(char*, int, CUdevice))                             \
+    X(device_get_attribute, "cuDeviceGetAttribute", CUresult(int*, int, CUdevice))                    \
+    X(device_total_mem, "cuDeviceTotalMem_v2", CUresult(std::size_t*, CUdevice))                      \
+    X(primary_ctx_retain, "cuDevicePrimaryCtxRetain", CUresult(CUcontext*, CUdevice))                 \
+    X(ctx_set_current, "cuCtxSetCurrent", CUresult(CUcontext))                                        \
+    X(ctx_get_current, "cuCtxGetCurrent", CUresult(CUcontext*))                                       \
+    X(ctx_synchronize, "cuCtxSynchronize", CUresult())                                                \
+    X(mem_alloc, "cuMemAlloc_v2", CUresult(CUdeviceptr*, std::size_t))                                \
+    X(mem_free, "cuMemFree_v2", CUresult(CUdeviceptr))                                                \
+    X(mem_get_info, "cuMemGetInfo_v2", CUresult(std::size_t*, std::size_t*))                          \
+    X(mem_alloc_host, "cuMemAllocHost_v2", CUresult(void**, std::size_t))                             \
+    X(mem_free_host, "cuMemFreeHost", CUresult(void*))                                                \
+    X(memcpy_htod, "cuMemcpyHtoD_v2", CUresult(CUdeviceptr, const void*, std::size_t))               \
+    X(memcpy_dtoh, "cuMemcpyDtoH_v2", CUresult(void*, CUdeviceptr, std::size_t))                     \
+    X(memcpy_htod_async, "cuMemcpyHtoDAsync_v2", CUresult(CUdeviceptr, const void*, std::size_t, CUstream)) \
+    X(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2", CUresult(void*, CUdeviceptr, std::size_t, CUstream)) \
+    X(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2", CUresult(CUdeviceptr, CUdeviceptr, std::size_t, CUstream)) \
+    X(memset_d8_async, "cuMemsetD8Async", CUresult(CUdeviceptr, unsigned char, std::size_t, CUstream)) \
+    X(memset_d16_async, "cuMemsetD16Async", CUresult(CUdeviceptr, unsigned short, std::size_t, CUstream)) \
+    X(memset_d32_async, "cuMemsetD32Async", CUresult(CUdeviceptr, unsigned, std::size_t, CUstream))  \
+    X(stream_create, "cuStreamCreate", CUresult(CUstream*, unsigned))                                 \
+    X(stream_destroy, "cuStreamDestroy_v2", CUresult(CUstream))                                       \
+    X(stream_synchronize, "cuStreamSynchronize", CUresult(CUstream))                                  \
+    X(stream_wait_event, "cuStreamWaitEvent", CUresult(CUstream, CUevent, unsigned))                  \
+    X(stream_query, "cuStreamQuery", CUresult(CUstream))                                              \
+    X(event_create, "cuEventCreate", CUresult(CUevent*, unsigned))                                    \
+    X(event_destroy, "cuEventDestroy_v2", CUresult(CUevent))                                          \
+    X(event_record, "cuEventRecord", CUresult(CUevent, CUstream))                                     \
+    X(event_synchronize, "cuEventSynchronize", CUresult(CUevent))                                     \
+    X(event_query, "cuEventQuery", CUresult(CUevent))                                                 \
+    X(module_load_data, "cuModuleLoadData", CUresult(CUmodule*, const void*))                         \
+    X(module_unload, "cuModuleUnload", CUresult(CUmodule))                                            \
+    X(module_get_function, "cuModuleGetFunction", CUresult(CUfunction*, CUmodule, const char*))       \
+    X(func_set_attribute, "cuFuncSetAttribute", CUresult(CUfunction, int, int))                       \
+    X(launch_kernel, "cuLaunchKernel",                                                                    \
+      CUresult(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, \
+                   void**, void**))                                                                       \
+    X(occupancy_max_blocks, "cuOccupancyMaxActiveBlocksPerMultiprocessor",                                \
+      CUresult(int*, CUfunction, int, std::size_t))                                                   \
+    X(stream_begin_capture, "cuStreamBeginCapture_v2", CUresult(CUstream, int))                       \
+    X(stream_end_capture, "cuStreamEndCapture", CUresult(CUstream, CUgraph*))                         \
+    X(graph_instantiate, "cuGraphInstantiateWithFlags", CUresult(CUgraphExec*, CUgraph, unsigned long long)) \
+    X(graph_launch, "cuGraphLaunch", CUresult(CUgraphExec, CUstream))                                 \
+    X(graph_exec_destroy, "cuGraphExecDestroy", CUresult(CUgraphExec))                                \
+    X(graph_destroy, "cuGraphDestroy", CUresult(CUgraph))
+
+/// The loaded driver: one function pointer per entry point, or the reason it could not load.
+struct Driver {
+#define KILN_CUDA_DECLARE(field, symbol, type) std::add_pointer_t<type> field = nullptr;
+    KILN_CUDA_DRIVER_FUNCTIONS(KILN_CUDA_DECLARE)
+#undef KILN_CUDA_DECLARE
+    // cuEventElapsedTime changed its exported name in CUDA 12.8 (the _v2 form); either works.
+    CUresult (*event_elapsed_time)(float*, CUevent, CUevent) = nullptr;
+    void* handle = nullptr;
+    std::string error;  ///< empty when loaded and initialised
+    int version = 0;    ///< cuDriverGetVersion
+    int devices = 0;
+
+    bool ok() const { return error.empty(); }
+};
+
+inline Driver load_driver() {
+    Driver d;
+    const char* env = std::getenv("KILN_CUDA_DRIVER");  // tests point this at a missing file
+    const char* lib = env && *env ? env : "libcuda.so.1";
+    d.handle = ::dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!d.handle) {
+        const char* why = ::dlerror();
+        d.error = std::string("no CUDA driver: cannot load ") + lib + " (" + (why ? why : "unknown reason") +
+                  "); is an NVIDIA driver installed?";
+        return d;
+    }
+#define KILN_CUDA_LOAD(field, symbol, type)                                                     \
+    d.field = reinterpret_cast<std::add_pointer_t<type>>(::dlsym(d.handle, symbol));                               \
+    if (!d.field && d.error.empty()) d.error = std::string("the CUDA driver lacks ") + symbol + \
+                                               " (driver too old for this kiln?)";
+    KILN_CUDA_DRIVER_FUNCTIONS(KILN_CUDA_LOAD)
+#undef KILN_CUDA_LOAD
+    using ElapsedFn = CUresult(float*, CUevent, CUevent);
+    d.event_elapsed_time = reinterpret_cast<ElapsedFn*>(::dlsym(d.handle, "cuEventElapsedTime_v2"));
+    if (!d.event_elapsed_time) d.event_elapsed_time = reinterpret_cast<ElapsedFn*>(::dlsym(d.handle, "cuEventElapsedTime"));
+    if (!d.event_elapsed_time && d.error.empty()) d.error = "the CUDA driver lacks cuEventElapsedTime";
+    if (!d.ok()) return d;
+    if (CUresult r = d.init(0); r != cuda_success) {
+        const char* name = nullptr;
+        d.get_error_name(r, &name);
+        d.error = std::string("cuInit failed (") + (name ? name : std::to_string(r)) + "): no usable CUDA device";
+        return d;
+    }
+    d.driver_get_version(&d.version);
+    d.device_get_count(&d.devices);
+    return d;
+}
+
+/// The process's driver, loaded on first use (never unloaded). Does not throw.
+inline const Driver& driver_state() {
+    static const Driver d = load_driver();
+    return d;
+}
+
+/// The driver, or DeviceError naming why there is none (and the op that needed it).
+inline const Driver& driver(const char* op = "cuda") {
+    const Driver& d = driver_state();
+    if (!d.ok()) throw DeviceError(std::string("kiln::") + op + ": " + d.error);
+    return d;
+}
+
+/// Text of a driver error code: "CUDA_ERROR_X: description".
+inline std::string error_text(CUresult r) {
+    const Driver& d = driver_state();
+    const char *name = nullptr, *desc = nullptr;
+    if (d.get_error_name) d.get_error_name(r, &name);
+    if (d.get_error_string) d.get_error_string(r, &desc);
+    return std::string(name ? name : "CUDA error " + std::to_string(r)) + (desc ? std::string(": ") + desc : "");
+}
+
+/// Throws DeviceError (OutOfMemory for CUDA_ERROR_OUT_OF_MEMORY) naming the call, unless r is success.
+inline void check(CUresult r, const char* what) {
+    if (r == cuda_success) return;
+    const std::string msg = std::string("kiln::cuda: ") + what + " failed: " + error_text(r);
+    if (r == cuda_error_out_of_memory) throw OutOfMemory(msg);
+    throw DeviceError(msg);
+}
+
+}  // namespace detail
+
+/// What kiln knows about a device.
+struct DeviceProperties {
+    std::string name;
+    int index = 0;
+    int sm_count = 0;
+    int cc_major = 0, cc_minor = 0;
+    int max_threads_per_block = 0;
+    int max_threads_per_sm = 0;
+    int max_shared_per_block = 0;        ///< bytes, without opting in
+    int max_shared_per_block_optin = 0;  ///< bytes, with cuFuncSetAttribute
+    int l2_cache_bytes = 0;
+    std::size_t total_memory = 0;
+    /// The architecture NVRTC compiles for: 90 for sm_90.
+    int arch() const { return cc_major * 10 + cc_minor; }
+};
+
+/// Whether a CUDA driver is loaded and at least one device is present. Never throws.
+inline bool is_available() { return detail::driver_state().ok() && detail::driver_state().devices > 0; }
+
+/// Number of CUDA devices (0 without a driver). Never throws.
+inline int device_count() { return detail::driver_state().ok() ? detail::driver_state().devices : 0; }
+
+namespace detail {
+
+/// Per-device state made once: the primary context (shared with cuBLAS and the runtime API),
+/// the properties, and kiln's stream.
+struct DeviceState {
+    CUcontext ctx = nullptr;
+    DeviceProperties props;
+    CUstream stream = nullptr;
+};
+
+inline DeviceState make_device_state(int index) {
+    const Driver& d = driver();
+    DeviceState s;
+    CUdevice dev = 0;
+    check(d.device_get(&dev, index), "cuDeviceGet");
+    check(d.primary_ctx_retain(&s.ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(d.ctx_set_current(s.ctx), "cuCtxSetCurrent");
+    char name[256] = {};
+    check(d.device_get_name(name, sizeof name, dev), "cuDeviceGetName");
+    auto attr = [&](int a) {
+        int v = 0;
+        check(d.device_get_attribute(&v, a, dev), "cuDeviceGetAttribute");
+        return v;
+    };
+    DeviceProperties& p = s.props;
+    p.name = name;
+    p.index = index;
+    p.sm_count = attr(attr_sm_count);
+    p.cc_major = attr(attr_cc_major);
+    p.cc_minor = attr(attr_cc_minor);
+    p.max_threads_per_block = attr(attr_max_threads_per_block);
+    p.max_threads_per_sm = attr(attr_max_threads_per_sm);
+    p.max_shared_per_block = attr(attr_max_shared_per_block);
+    p.max_shared_per_block_optin = attr(attr_max_shared_per_block_optin);
+    p.l2_cache_bytes = attr(attr_l2_cache_size);
+    check(d.device_total_mem(&p.total_memory, dev), "cuDeviceTotalMem");
+    check(d.stream_create(&s.stream, /*CU_STREAM_NON_BLOCKING*/ 0x1), "cuStreamCreate");
+    return s;
+}
+
+inline constexpr int max_devices = 64;
+
+/// The state of device `index`, created on first use (thread-safe). Throws DeviceError for a
+/// missing driver or an index out of range.
+inline DeviceState& device_state(int index, const char* op = "cuda") {
+    const Driver& d = driver(op);
+    if (index < 0 || index >= d.devices || index >= max_devices)
+        throw DeviceError(std::string("kiln::") + op + ": no CUDA device " + std::to_string(index) + " (this machine has " +
+                          std::to_string(d.devices) + ")");
+    static std::array<std::unique_ptr<DeviceState>, max_devices> states;
+    static std::array<std::once_flag, max_devices> once;
+    std::call_once(once[static_cast<std::size_t>(index)],
+                   [&] { states[static_cast<std::size_t>(index)] = std::make_unique<DeviceState>(make_device_state(index)); });
+    return *states[static_cast<std::size_t>(index)];
+}
+
+/// Makes device `index`'s primary context current on this thread (cheap when it already is).
+inline void use_device(int index, const char* op = "cuda") {
+    thread_local CUcontext current = nullptr;
+    DeviceState& s = device_state(index, op);
+    if (current == s.ctx) return;
+    check(driver().ctx_set_current(s.ctx), "cuCtxSetCurrent");
+    current = s.ctx;
+}
+
+/// This thread's stream override per device (nullptr: kiln's stream for the device).
+inline CUstream& stream_override(int index) {
+    thread_local std::array<CUstream, max_devices> s{};
+    return s[static_cast<std::size_t>(index)];
+}
+
+}  // namespace detail
+
+/// Properties of device `index`; throws DeviceError when it does not exist.
+inline const DeviceProperties& properties(int index = 0) { return detail::device_state(index, "cuda::properties").props; }
+
+/// The stream kiln's work on device `index` goes to from this thread: kiln's own non-blocking
+/// stream, unless a StreamGuard chose another.
+inline CUstream current_stream(int index = 0) {
+    detail::use_device(index);
+    const CUstream o = detail::stream_override(index);
+    return o ? o : detail::device_state(index).stream;
+}
+
+/// Waits until all work kiln queued on device `index` from this thread has finished.
+inline void synchronize(int index = 0) {
+    detail::check(detail::driver().stream_synchronize(current_stream(index)), "cuStreamSynchronize");
+}
+
+/// A stream of its own (RAII): work queued on it runs in order, concurrently with other streams.
+class Stream {
+public:
+    explicit Stream(int device = 0) : device_(device) {
+        detail::use_device(device);
+        detail::check(detail::driver().stream_create(&s_, 0x1), "cuStreamCreate");
+    }
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    ~Stream() {
+        if (s_) detail::driver_state().stream_destroy(s_);
+    }
+    CUstream handle() const { return s_; }
+    int device() const { return device_; }
+    void synchronize() const { detail::check(detail::driver().stream_synchronize(s_), "cuStreamSynchronize"); }
+
+private:
+    int device_;
+    CUstream s_ = nullptr;
+};
+
+/// Routes kiln's work on a device to `stream` for this thread, for a scope.
+class StreamGuard {
+public:
+    StreamGuard(const Stream& s) : StreamGuard(s.handle(), s.device()) {}  // NOLINT: implicit by design
+    StreamGuard(CUstream s, int device) : device_(device), prev_(detail::stream_override(device)) {
+        detail::use_device(device);
+        detail::stream_override(device) = s;
+    }
+    StreamGuard(const StreamGuard&) = delete;
+    StreamGuard& operator=(const StreamGuard&) = delete;
+    ~StreamGuard() { detail::stream_override(device_) = prev_; }
+
+private:
+    int device_;
+    CUstream prev_;
+};
+
+/// A timing event (RAII). Record it on a stream; elapsed_ms between two recorded events.
+class Event {
+public:
+    explicit Event(int device = 0) {
+        detail::use_device(device);
+        detail::check(detail::driver().event_create(&e_, 0), "cuEventCreate");
+    }
+    Event(const Event&) = delete;
+    Event& operator=(const Event&) = delete;
+    ~Event() {
+        if (e_) detail::driver_state().event_destroy(e_);
+    }
+    void record(CUstream s) { detail::check(detail::driver().event_record(e_, s), "cuEventRecord"); }
+    void synchronize() const { detail::check(detail::driver().event_synchronize(e_), "cuEventSynchronize"); }
+    /// Milliseconds from `start` to this event (both recorded; waits for this one).
+    float elapsed_ms(const Event& start) const {
+        synchronize();
+        float ms = 0;
+        detail::check(detail::driver().event_elapsed_time(&ms, start.e_, e_), "cuEventElapsedTime");
+        return ms;
+    }
+    CUevent handle() const { return e_; }
+
+private:
+    CUevent e_ = nullptr;
+};
+
+namespace detail {
+
+/// A loaded module (cubin) and its kernel, on the device current when it was loaded.
+struct Kernel {
+    CUmodule module = nullptr;
+    CUfunction fn = nullptr;
+};
+
+/// Loads a cubin and looks up `name` (modules live as long as the process).
+inline Kernel load_kernel(const std::string& cubin, const std::string& name) {
+    const Driver& d = driver();
+    Kernel k;
+    check(d.module_load_data(&k.module, cubin.data()), "cuModuleLoadData");
+    check(d.module_get_function(&k.fn, k.module, name.c_str()), ("cuModuleGetFunction(" + name + ")").c_str());
+    return k;
+}
+
+/// Launches f with a 1-D grid and block on stream s; args point at each parameter.
+inline void launch(CUfunction f, unsigned grid, unsigned block, unsigned shared, CUstream s, void** args) {
+    if (grid == 0) return;
+    check(driver().launch_kernel(f, grid, 1, 1, block, 1, 1, shared, s, args, nullptr), "cuLaunchKernel");
+}
+
+}  // namespace detail
+}  // namespace kiln::cuda

@@ -1,0 +1,524 @@
+// The CUDA backend for graphs: runs a fused plan group by group, each kernel group as one
+// generated kernel (compiled by NVRTC, cached by source), matmuls through cuBLASLt.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <source_location>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/backends/cuda/codegen.hpp"
+#include "kiln/backends/cuda/driver.hpp"
+#include "kiln/backends/cuda/blas.hpp"
+#include "kiln/cache/kernel_cache.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/debug/logs.hpp"
+#include "kiln/fuse/fuser.hpp"
+
+namespace kiln::cuda {
+// Defined in backends/cuda/matmul.hpp (which needs the copy ops that include this file).
+Tensor matmul(const Tensor& a, const Tensor& b, Epilogue epi, const Tensor* bias, std::source_location loc);
+}  // namespace kiln::cuda
+
+namespace kiln::cuda::detail {
+
+/// The loaded function of a generated kernel on a device: compiled once per source (memory and
+/// disk caches), loaded once per device.
+inline CUfunction kernel_function(const KernelText& k, int device) {
+    static std::shared_mutex mu;
+    static std::unordered_map<std::string, CUfunction> loaded;
+    const std::string key = std::to_string(device) + "/" + k.name;
+    {
+        std::shared_lock lock(mu);
+        if (auto it = loaded.find(key); it != loaded.end()) return it->second;
+    }
+    const DeviceProperties& p = properties(device);
+    if (debug::log_on("output_code")) debug::log("output_code", "kernel " + k.name + ":\n" + k.source);
+    const std::string& cubin = kiln::cache::cubin_for(k.source, k.name, p.arch());
+    std::unique_lock lock(mu);
+    if (auto it = loaded.find(key); it != loaded.end()) return it->second;
+    use_device(device);
+    const CUfunction f = load_kernel(cubin, k.name).fn;
+    loaded.emplace(key, f);
+    return f;
+}
+
+/// Kernel parameters: each one 8 bytes, kept alive until the launch.
+struct Args {
+    std::vector<std::uint64_t> slots;
+    std::vector<void*> ptrs;
+    void add(std::int64_t v) { slots.push_back(static_cast<std::uint64_t>(v)); }
+    void add_ptr(const void* p) { slots.push_back(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p))); }
+    void** finish() {
+        ptrs.clear();
+        for (auto& s : slots) ptrs.push_back(&s);
+        return ptrs.data();
+    }
+};
+
+/// Blocks for a grid-stride loop over `work` items of `threads` threads on a device: enough for
+/// `waves` full waves of resident blocks, fewer when the work is smaller.
+inline unsigned grid_for(std::int64_t work, int threads, int device, int waves = 4) {
+    const std::int64_t want = (work + threads - 1) / threads;
+    const std::int64_t resident = static_cast<std::int64_t>(properties(device).sm_count) * std::max(1, 2048 / threads);
+    return static_cast<unsigned>(std::clamp<std::int64_t>(std::min(want, resident * waves), 1, (1ll << 31) - 1));
+}
+
+/// Launch shapes, overridable for tuning: KILN_CUDA_EW_UNROLL (vectors per thread per step of an
+/// elementwise kernel) and KILN_CUDA_ROW_ELEMS (row elements each thread of a row kernel holds).
+struct Tuning {
+    int ew_unroll = 1;    // measured on the H100: 1, 2 and 4 within noise of each other (chain64M)
+    int row_elems = 16;   // with exact rows (no bounds checks) 16 f32 per thread keep ~40 registers
+    static const Tuning& get() {
+        static const Tuning t = [] {
+            Tuning r;
+            if (const char* e = std::getenv("KILN_CUDA_EW_UNROLL")) r.ew_unroll = std::clamp(std::atoi(e), 1, 8);
+            if (const char* e = std::getenv("KILN_CUDA_ROW_ELEMS")) r.row_elems = std::clamp(std::atoi(e), 1, 64);
+            return r;
+        }();
+        return t;
+    }
+};
+
+/// Whether every offset an operand reaches fits a 32-bit index.
+inline bool fits32(const std::vector<std::int64_t>& sz, const std::vector<std::int64_t>& st) {
+    std::int64_t far = 0;
+    for (std::size_t d = 0; d < sz.size(); ++d) far += (sz[d] - 1) * std::abs(st[d]);
+    return far < (std::int64_t{1} << 31) - 1;
+}
+
+inline Strides strides_over(const Tensor& t, const Shape& space) {
+    return kiln::detail::broadcast_strides(t.shape(), t.strides(), space);
+}
+
+/// Kernels made for one group, by launch signature (shapes and layouts can vary between calls).
+struct KernelMemo {
+    std::mutex mu;
+    std::unordered_map<std::string, CUfunction> by_sig;
+    // a memo belongs to one program, which runs on one device: the signature is the whole key
+    CUfunction find(const std::string& sig, int) {
+        std::lock_guard lock(mu);
+        auto it = by_sig.find(sig);
+        return it == by_sig.end() ? nullptr : it->second;
+    }
+    void insert(const std::string& sig, int, CUfunction f) {
+        std::lock_guard lock(mu);
+        by_sig.emplace(sig, f);
+    }
+};
+
+/// Loaded functions for several kernels: the ones not loaded yet are compiled together, in
+/// parallel (memory and disk caches first), then loaded.
+inline std::vector<CUfunction> kernel_functions(const std::vector<KernelText>& ks, int device) {
+    std::vector<CUfunction> out(ks.size(), nullptr);
+    std::vector<cache::KernelSource> missing;
+    std::vector<std::size_t> where;
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+        bool dup = false;
+        for (const auto& m : missing) dup = dup || m.name == ks[i].name;
+        if (!dup) {
+            missing.push_back({ks[i].source, ks[i].name, {}});
+            where.push_back(i);
+        }
+    }
+    if (missing.size() > 1) (void)cache::cubins_for(missing, properties(device).arch());  // warm the caches in parallel
+    for (std::size_t i = 0; i < ks.size(); ++i) out[i] = kernel_function(ks[i], device);
+    return out;
+}
+
+/// One kernel launch of a program run.
+struct Launch {
+    KernelMemo* memo;
+    std::string key;
+    std::function<KernelText()> make;
+    Args args;
+    unsigned grid, block;
+};
+
+/// The launches of a program run, in order. A launch whose kernel is known goes out at once;
+/// once one is unknown, it and every later launch wait for flush(), which compiles all the
+/// unknown kernels together (in parallel) and then launches everything in order.
+class Launcher {
+public:
+    explicit Launcher(int device) : device_(device) {}
+    Launcher(const Launcher&) = delete;
+    Launcher& operator=(const Launcher&) = delete;
+    ~Launcher() noexcept(false) {
+        if (!pending_.empty() && std::uncaught_exceptions() == 0) flush();
+    }
+
+    void add(KernelMemo& memo, std::string key, std::function<KernelText()> make, Args args, unsigned grid, unsigned block) {
+        if (pending_.empty())
+            if (const CUfunction f = memo.find(key, device_)) {
+                launch(f, grid, block, 0, current_stream(device_), args.finish());
+                return;
+            }
+        pending_.push_back({&memo, std::move(key), std::move(make), std::move(args), grid, block});
+    }
+
+    /// Compiles what the queued launches need, then launches them in order.
+    void flush() {
+        if (pending_.empty()) return;
+        std::vector<KernelText> texts;
+        std::vector<std::size_t> which;
+        for (std::size_t i = 0; i < pending_.size(); ++i)
+            if (!pending_[i].memo->find(pending_[i].key, device_)) {
+                texts.push_back(pending_[i].make());
+                which.push_back(i);
+            }
+        const std::vector<CUfunction> fs = kernel_functions(texts, device_);
+        for (std::size_t j = 0; j < which.size(); ++j) pending_[which[j]].memo->insert(pending_[which[j]].key, device_, fs[j]);
+        const CUstream st = current_stream(device_);
+        for (Launch& l : pending_) launch(l.memo->find(l.key, device_), l.grid, l.block, 0, st, l.args.finish());
+        pending_.clear();
+    }
+
+private:
+    int device_;
+    std::vector<Launch> pending_;
+};
+
+inline Tensor new_on(const Shape& s, DType d, int device) { return Tensor(s, d, Device::cuda(device)); }
+
+/// The tensor a group writes node id into: a destination placed in vals beforehand (contiguous,
+/// same shape and dtype: a statement assigned into an existing tensor), or a new one.
+inline Tensor out_for(std::vector<Tensor>& vals, int id, const Shape& s, DType d, int device) {
+    Tensor& v = vals[static_cast<std::size_t>(id)];
+    if (!(v.defined() && v.shape() == s && v.dtype() == d && v.is_contiguous() && v.device() == Device::cuda(device)))
+        v = new_on(s, d, device);
+    return v;
+}
+
+// ------------------------------------------------------------------ elementwise groups
+inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
+                            Launcher& L) {
+    const int root = G.outputs[0];
+    const ir::Node& rn = g[root];
+    Tensor out = out_for(vals, root, rn.shape, rn.dtype, device);
+    const std::int64_t n = out.numel();
+    if (n == 0) return;
+    const Shape& S = rn.shape;
+    std::vector<std::int64_t> ost(static_cast<std::size_t>(S.rank()));
+    {
+        const Strides cs = contiguous_strides(S);
+        for (int d = 0; d < S.rank(); ++d) ost[static_cast<std::size_t>(d)] = cs[d];
+    }
+    std::vector<Operand> ops(G.leaves.size());
+    std::vector<std::vector<std::int64_t>*> all{&ost};
+    for (std::size_t k = 0; k < G.leaves.size(); ++k) {
+        const Tensor& t = vals[static_cast<std::size_t>(G.leaves[k])];
+        const Strides st = strides_over(t, S);
+        ops[k].dtype = t.dtype();
+        ops[k].address = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+        ops[k].strides.assign(st.begin(), st.end());
+        all.push_back(&ops[k].strides);
+    }
+    const std::vector<std::int64_t> sz = collapse_dims(S, all);
+    EwSignature sig;
+    sig.rank = static_cast<int>(sz.size());
+    int vec = 4;
+    if (n % vec != 0 || reinterpret_cast<std::uintptr_t>(out.data_ptr()) % (vec * dtype_size(rn.dtype)) != 0) vec = 1;
+    for (auto& o : ops)
+        if (classify(o, sz, vec) == Access::contig && o.address % (static_cast<std::uintptr_t>(vec) * dtype_size(o.dtype)) != 0) vec = 1;
+    sig.vec = vec;
+    bool small = n < (std::int64_t{1} << 31) - 4;
+    for (auto& o : ops) {
+        o.access = classify(o, sz, vec);
+        sig.leaves.push_back(o.access);
+        sig.leaf_dtypes.push_back(o.dtype);
+        small = small && fits32(sz, o.strides);
+    }
+    sig.idx64 = !small;
+    sig.unroll = n / vec >= 4096 ? Tuning::get().ew_unroll : 1;
+    Args a;
+    for (auto& o : ops) a.add_ptr(reinterpret_cast<const void*>(o.address));
+    a.add_ptr(out.data_ptr());
+    a.add(n);
+    for (auto z : sz) a.add(z);
+    for (auto& o : ops)
+        if (o.access == Access::strided || o.access == Access::inner)
+            for (auto s : o.strides) a.add(s);
+    L.add(memo, sig.key(), [&g, &G, sig] { return elementwise_kernel(g, G, sig); }, std::move(a),
+          grid_for((n / vec + sig.unroll - 1) / sig.unroll, 256, device), 256);
+}
+
+// ------------------------------------------------------------------ row and reduce groups
+/// Operands of a row-wise launch over `space` with reduced axes `mask`: each operand's strides
+/// split into outer (kept) and inner (reduced) dims, both collapsed.
+struct RowLayout {
+    std::vector<std::int64_t> outer, inner;  ///< collapsed sizes
+    std::vector<std::vector<std::int64_t>> so, si;
+    std::int64_t rows = 1, L = 1;
+};
+inline RowLayout row_layout(const Shape& S, unsigned mask, const std::vector<Strides>& strides) {
+    RowLayout r;
+    Shape os, is;
+    std::vector<std::vector<std::int64_t>> so(strides.size()), si(strides.size());
+    for (int d = 0; d < S.rank(); ++d) {
+        const bool red = (mask & (1u << d)) != 0;
+        (red ? is : os).push_back(S[d]);
+        for (std::size_t k = 0; k < strides.size(); ++k) (red ? si : so)[k].push_back(strides[k][d]);
+    }
+    std::vector<std::vector<std::int64_t>*> po, pi;
+    for (std::size_t k = 0; k < strides.size(); ++k) {
+        po.push_back(&so[k]);
+        pi.push_back(&si[k]);
+    }
+    r.outer = collapse_dims(os, po);
+    r.inner = collapse_dims(is, pi);
+    r.so = std::move(so);
+    r.si = std::move(si);
+    r.rows = os.numel();
+    r.L = is.numel();
+    return r;
+}
+inline Access inner_access(const std::vector<std::int64_t>& si) {
+    bool zero = true;
+    for (auto s : si) zero = zero && s == 0;
+    if (zero) return Access::scalar;
+    if (si.size() == 1 && si[0] == 1) return Access::contig;
+    return Access::strided;
+}
+
+inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
+                    Launcher& L) {
+    const Shape& S = G.space;
+    const Shape keep = fuse::detail::keep_shape(S, G.mask);
+    std::vector<Tensor> outs;
+    std::vector<Strides> strides;
+    std::vector<DType> dtypes;
+    for (int leaf : G.leaves) {
+        const Tensor& t = vals[static_cast<std::size_t>(leaf)];
+        strides.push_back(strides_over(t, S));
+        dtypes.push_back(t.dtype());
+    }
+    for (int o : G.outputs) {
+        const ir::Node& n = g[o];
+        Tensor t = out_for(vals, o, n.shape, n.dtype, device);
+        const bool full = n.shape == S;
+        strides.push_back(full ? contiguous_strides(S) : kiln::detail::broadcast_strides(keep, contiguous_strides(keep), S));
+        dtypes.push_back(n.dtype);
+        outs.push_back(t);
+    }
+    if (S.numel() == 0) return;
+    RowLayout lay = row_layout(S, G.mask, strides);
+    RowSignature sig;
+    sig.outer_rank = static_cast<int>(lay.outer.size());
+    sig.inner_rank = static_cast<int>(lay.inner.size());
+    sig.dtypes = dtypes;
+    const std::size_t nops = strides.size();
+    std::vector<std::uintptr_t> addr;
+    for (int leaf : G.leaves) addr.push_back(reinterpret_cast<std::uintptr_t>(vals[static_cast<std::size_t>(leaf)].data_ptr()));
+    for (const Tensor& t : outs) addr.push_back(reinterpret_cast<std::uintptr_t>(t.data_ptr()));
+    int vec = lay.L % 4 == 0 ? 4 : 1;
+    bool small = true;
+    for (std::size_t k = 0; k < nops; ++k) {
+        const Access a = inner_access(lay.si[k]);
+        sig.inner_access.push_back(a);
+        bool oz = true;
+        for (auto s : lay.so[k]) oz = oz && s == 0;
+        sig.outer_zero.push_back(oz ? 1 : 0);
+        if (a == Access::contig) {
+            bool ok = addr[k] % (4 * dtype_size(dtypes[k])) == 0;
+            for (auto s : lay.so[k]) ok = ok && s % 4 == 0;
+            if (!ok) vec = 1;
+        }
+        small = small && fits32(lay.outer, lay.so[k]) && fits32(lay.inner, lay.si[k]);
+    }
+    sig.vec = vec;
+    sig.idx64 = !small || lay.rows * lay.L >= (std::int64_t{1} << 31) - 1;
+    const std::int64_t nv = (lay.L + vec - 1) / vec;
+    const std::int64_t per_thread = std::max<std::int64_t>(1, Tuning::get().row_elems / vec);  // vectors per thread
+    int threads = 32;
+    while (threads < 1024 && threads * per_thread < nv) threads *= 2;
+    sig.threads = threads;
+    sig.items = static_cast<int>((nv + threads - 1) / threads);
+    sig.exact = lay.L == static_cast<std::int64_t>(threads) * sig.items * vec;
+    std::vector<int> stored(G.outputs.begin(), G.outputs.end());
+    Args a;
+    for (std::size_t k = 0; k < nops; ++k) a.add_ptr(reinterpret_cast<const void*>(addr[k]));
+    a.add(lay.rows);
+    a.add(lay.L);
+    for (auto z : lay.outer) a.add(z);
+    for (auto z : lay.inner) a.add(z);
+    for (std::size_t k = 0; k < nops; ++k) {
+        for (auto s : lay.so[k]) a.add(s);
+        if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
+            for (auto s : lay.si[k]) a.add(s);
+    }
+    const int per_sm = std::max(1, 2048 / threads);
+    const std::int64_t blocks = std::min<std::int64_t>(lay.rows, static_cast<std::int64_t>(properties(device).sm_count) * per_sm * 4);
+    L.add(memo, sig.key(), [&g, &G, stored, sig] { return row_kernel(g, G, stored, sig); }, std::move(a),
+          static_cast<unsigned>(blocks), static_cast<unsigned>(threads));
+}
+
+inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
+                       KernelMemo& combine_memo, Launcher& L) {
+    const int r = G.outputs[0];
+    const ir::Node& rn = g[r];
+    const bool arg = rn.kind == ir::Kind::arg_reduce;
+    const Shape& S = g[rn.in[0]].shape;
+    Tensor out = out_for(vals, r, rn.shape, rn.dtype, device);
+    std::int64_t inner = 1;
+    for (int d = 0; d < S.rank(); ++d)
+        if (rn.mask & (1u << d)) inner *= S[d];
+    if (out.numel() == 0) return;
+    if (inner == 0) {
+        if (arg || rn.rkind == ir::ReduceKind::max || rn.rkind == ir::ReduceKind::min)
+            throw ValueError("kiln::" + std::string(arg ? "argmax" : ir::reduce_name(rn.rkind)) +
+                             ": cannot reduce over an empty dimension of shape " + S.str());
+        Tensor host(rn.shape, rn.dtype);
+        host.fill_(Scalar(rn.rkind == ir::ReduceKind::prod ? 1.0 : 0.0));
+        vals[static_cast<std::size_t>(r)] = host.to(Device::cuda(device));
+        return;
+    }
+    std::vector<Strides> strides;
+    ReduceSignature sig;
+    for (int leaf : G.leaves) {
+        const Tensor& t = vals[static_cast<std::size_t>(leaf)];
+        strides.push_back(strides_over(t, S));
+        sig.dtypes.push_back(t.dtype());
+    }
+    RowLayout lay = row_layout(S, rn.mask, strides);
+    sig.outer_rank = static_cast<int>(lay.outer.size());
+    sig.inner_rank = static_cast<int>(lay.inner.size());
+    bool small = true;
+    for (std::size_t k = 0; k < strides.size(); ++k) {
+        sig.inner_access.push_back(inner_access(lay.si[k]));
+        small = small && fits32(lay.outer, lay.so[k]) && fits32(lay.inner, lay.si[k]);
+    }
+    sig.idx64 = !small || lay.rows * lay.L >= (std::int64_t{1} << 31) - 1;
+    const int sms = properties(device).sm_count;
+    std::int64_t chunks = 1;
+    if (!arg && lay.rows < 2 * sms && lay.L > 8192)
+        chunks = std::min<std::int64_t>((lay.L + 4095) / 4096, (4 * sms + lay.rows - 1) / lay.rows);
+    sig.partial = chunks > 1;
+    const DType acc = arg ? compute_dtype(g[rn.in[0]].dtype) : compute_dtype(rn.dtype);
+    Tensor partial = sig.partial ? new_on(Shape{lay.rows * chunks}, acc == DType::boolean ? DType::f32 : acc, device) : Tensor();
+    Args a;
+    for (int leaf : G.leaves) a.add_ptr(vals[static_cast<std::size_t>(leaf)].data_ptr());
+    a.add_ptr(sig.partial ? partial.data_ptr() : out.data_ptr());
+    a.add(lay.rows);
+    a.add(lay.L);
+    a.add(chunks);
+    for (auto z : lay.outer) a.add(z);
+    for (auto z : lay.inner) a.add(z);
+    for (std::size_t k = 0; k < strides.size(); ++k) {
+        for (auto s : lay.so[k]) a.add(s);
+        if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
+            for (auto s : lay.si[k]) a.add(s);
+    }
+    const std::int64_t blocks = std::min<std::int64_t>(lay.rows * chunks, static_cast<std::int64_t>(sms) * 32);
+    L.add(memo, sig.key(), [&g, &G, sig] { return reduce_kernel(g, G, sig); }, std::move(a), static_cast<unsigned>(blocks), 256);
+    if (!sig.partial) return;
+    const std::string ckey = std::to_string(static_cast<int>(rn.rkind)) + "/" + std::to_string(static_cast<int>(acc)) + "/" +
+                             std::to_string(static_cast<int>(rn.dtype)) + "/" + std::to_string(rn.correction);
+    Args b;
+    b.add_ptr(partial.data_ptr());
+    b.add_ptr(out.data_ptr());
+    b.add(lay.rows);
+    b.add(chunks);
+    b.add(lay.L);
+    const ir::ReduceKind rk = rn.rkind;
+    const DType od = rn.dtype;
+    const double corr = rn.correction;
+    L.add(combine_memo, ckey, [rk, acc, od, corr] { return combine_kernel(rk, acc, od, corr); }, std::move(b),
+          static_cast<unsigned>(std::min<std::int64_t>(lay.rows, static_cast<std::int64_t>(sms) * 32)), 256);
+}
+
+/// A compiled graph on a CUDA device: the fused plan, one generated kernel per kernel group.
+class CudaGraphProgram {
+public:
+    CudaGraphProgram(ir::Graph g, fuse::Plan plan, int device)
+        : g_(std::move(g)), plan_(std::move(plan)), device_(device), memos_(plan_.groups.size() * 2) {
+        for (auto& m : memos_) m = std::make_unique<KernelMemo>();
+    }
+
+    const ir::Graph& graph() const { return g_; }
+    const fuse::Plan& plan() const { return plan_; }
+    int device() const { return device_; }
+
+    /// Runs the program on inputs (on this program's device); returns the outputs.
+    /// `into` (optional): a contiguous tensor of the first output's shape and dtype to write it into.
+    std::vector<Tensor> run(const std::vector<Tensor>& inputs, const Tensor* into = nullptr) const {
+        return run_graph(g_, plan_, inputs, into);
+    }
+
+    /// Runs with the graph's shapes re-derived for these inputs (dynamic dims): the same kernels
+    /// serve every size, since kernels take sizes as parameters.
+    std::vector<Tensor> run_graph(const ir::Graph& g, const fuse::Plan& plan, const std::vector<Tensor>& inputs,
+                                  const Tensor* into = nullptr) const {
+        use_device(device_);
+        std::vector<Tensor> vals(static_cast<std::size_t>(g.size()));
+        if (into && !g.outputs.empty()) vals[static_cast<std::size_t>(g.outputs[0])] = *into;
+        for (std::size_t k = 0; k < g.inputs.size(); ++k) vals[static_cast<std::size_t>(g.inputs[k])] = inputs[k];
+        for (int i = 0; i < g.size(); ++i)
+            if (g[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = g[i].tensor;
+        for (int i = 0; i < g.size(); ++i) {
+            const Tensor& t = vals[static_cast<std::size_t>(i)];
+            if (t.defined() && !(t.device() == Device::cuda(device_)))
+                throw DeviceError("kiln::compile: " + std::string(g[i].kind == ir::Kind::input ? "input " + std::to_string(g[i].index)
+                                                                                               : "a captured tensor") +
+                                  " is on " + t.device().str() + " but the program runs on cuda:" + std::to_string(device_) +
+                                  " (move it with .to(device))");
+        }
+        const bool profile = debug::log_on("profile");
+        Launcher L(device_);
+        for (std::size_t k = 0; k < plan.groups.size(); ++k) {
+            const fuse::Group& G = plan.groups[k];
+            const auto t0 = std::chrono::steady_clock::now();
+            switch (G.kind) {
+                case fuse::Group::Kind::elementwise: run_elementwise(g, G, vals, device_, *memos_[2 * k], L); break;
+                case fuse::Group::Kind::row: run_row(g, G, vals, device_, *memos_[2 * k], L); break;
+                case fuse::Group::Kind::reduce: run_reduce(g, G, vals, device_, *memos_[2 * k], *memos_[2 * k + 1], L); break;
+                case fuse::Group::Kind::matmul: {
+                    L.flush();  // cuBLASLt queues its kernels behind everything before it
+                    const ir::Node& n = g[G.outputs[0]];
+                    vals[static_cast<std::size_t>(G.outputs[0])] =
+                        kiln::cuda::matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])],
+                                           Epilogue::none, nullptr, n.loc);
+                    break;
+                }
+                case fuse::Group::Kind::view: {
+                    const ir::Node& n = g[G.outputs[0]];
+                    const Tensor& in = vals[static_cast<std::size_t>(n.in[0])];
+                    if (!in.is_contiguous()) L.flush();  // the copy below runs behind its producer
+                    const Tensor src = in.contiguous();
+                    vals[static_cast<std::size_t>(G.outputs[0])] =
+                        Tensor(src.storage(), src.offset() + static_cast<std::int64_t>(n.value), n.shape, n.args, n.dtype);
+                    break;
+                }
+            }
+            if (profile) {
+                L.flush();
+                synchronize(device_);
+                const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+                debug::log("profile", std::string("cuda ") + fuse::group_kind_name(G.kind) + " group " + std::to_string(k) + ": " +
+                                          std::to_string(us) + " us");
+            }
+        }
+        L.flush();
+        std::vector<Tensor> out;
+        out.reserve(g.outputs.size());
+        for (int o : g.outputs) out.push_back(vals[static_cast<std::size_t>(o)]);
+        return out;
+    }
+
+private:
+    ir::Graph g_;
+    fuse::Plan plan_;
+    int device_;
+    std::vector<std::unique_ptr<KernelMemo>> memos_;  ///< two per group (main kernel, combine)
+};
+
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU suite, for a machine with a CUDA device: every test binary (the CUDA ones run their GPU
+# cases there), compute-sanitizer memcheck over the CUDA tests, then the GPU bench rows.
+#   bash tests/gpu.sh [BUILD_DIR]      (default build/gpu; logs and JSON go to $OUT or /tmp/kiln-gpu)
+# Build first (here or elsewhere) with:
+#   cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DKILN_NATIVE=OFF && cmake --build build/gpu -j
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+B="${1:-build/gpu}"
+OUT="${OUT:-/tmp/kiln-gpu}"
+mkdir -p "$OUT"
+export KILN_CACHE_DIR="$(mktemp -d)"
+status=0
+nvidia-smi -L || true
+for t in cuda_runtime cuda_nvrtc cuda_blas cuda_ops ops_sweep compile core expr errors; do
+  exe="$B/tests/kiln_test_$t"
+  [ -x "$exe" ] || { echo "== $t: not built in $B, skipped"; continue; }
+  echo "== $t"
+  if ! "$exe" > "$OUT/test_$t.log" 2>&1; then status=1; fi
+  grep -E "test cases:|assertions:|Status" "$OUT/test_$t.log" | tail -3
+  grep -E "ERROR|FAILED|error:" "$OUT/test_$t.log" | head -20
+done
+if command -v compute-sanitizer > /dev/null; then
+  # Memory kiln caches on purpose (allocator blocks, pinned staging, cuBLASLt workspaces) lives
+  # until exit, so no --leak-check; the out-of-memory test provokes a failing cuMemAlloc on
+  # purpose, which memcheck would count, so it is left out here (it runs above).
+  for t in cuda_runtime cuda_blas cuda_ops; do
+    echo "== compute-sanitizer memcheck $t"
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/kiln_test_$t" -tce='*out of memory*' > "$OUT/memcheck_$t.log" 2>&1 || status=1
+    grep -E "ERROR SUMMARY|test cases:" "$OUT/memcheck_$t.log" | tail -2
+  done
+else
+  echo "compute-sanitizer not found"
+fi
+if [ -n "${KILN_TUNE:-}" ] && [ -x "$B/bench/kiln_bench" ]; then
+  # launch-shape sweep (KILN_TUNE=1): the GPU rows under each setting, compiled method only
+  for u in 1 2; do echo "== KILN_CUDA_EW_UNROLL=$u"; KILN_CUDA_EW_UNROLL=$u "$B/bench/kiln_bench" --no-cpu --filter chain64M --min-time 0.2 | grep -E "compiled|fused"; done
+  for r in 8 16 32; do echo "== KILN_CUDA_ROW_ELEMS=$r"; for w in softmax layernorm; do KILN_CUDA_ROW_ELEMS=$r "$B/bench/kiln_bench" --no-cpu --filter $w --min-time 0.2 | grep -E "compiled"; done; done
+fi
+if [ -x "$B/bench/kiln_bench" ]; then
+  echo "== kiln_bench (GPU rows)"
+  "$B/bench/kiln_bench" --no-cpu --min-time 0.3 --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.log" || status=1
+fi
+exit $status

@@ -1,0 +1,239 @@
+// NVRTC compile-only tests of every generated CUDA kernel family: elementwise (every table op x
+// dtype x operand layout x vector width x index width), row (softmax, layer_norm, logsumexp,
+// column reductions), reduce (every reduction and arg-reduction, split and whole) and combine.
+// They need no GPU, so they run in CI.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
+#include <kiln/kiln.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace kiln;
+using cuda::detail::Access;
+
+#if defined(KILN_WITH_CUDA)
+
+/// Traces fn over CPU tensors of the given dtypes and shapes into an optimized graph and its plan.
+template <class F>
+std::pair<ir::Graph, fuse::Plan> trace_plan(const std::vector<Tensor>& args, F&& fn) {
+    trace::Tracer tr(nullptr, true);
+    trace::ActiveScope scope(&tr);
+    std::vector<Tensor> in;
+    for (const Tensor& a : args) in.push_back(tr.input(a));
+    const std::vector<Tensor> outs = fn(in);
+    ir::Graph g = tr.graph();
+    for (const Tensor& o : outs) g.outputs.push_back(tr.node_of(o));
+    ir::Graph opt = passes::run_pipeline(g, {});
+    fuse::Plan plan = fuse::plan(opt);
+    return {std::move(opt), std::move(plan)};
+}
+
+/// Kernel sources for every kernel group of a plan, over several launch signatures each.
+std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Plan& plan) {
+    std::vector<cache::KernelSource> out;
+    auto add = [&](const cuda::detail::KernelText& k) { out.push_back({k.source, k.name, {}}); };
+    for (const fuse::Group& G : plan.groups) {
+        const std::size_t nl = G.leaves.size();
+        if (G.kind == fuse::Group::Kind::elementwise) {
+            for (int variant : {0, 1, 3}) {
+                cuda::detail::EwSignature sig;
+                sig.rank = variant == 0 ? 1 : 3;
+                sig.vec = variant < 2 ? 4 : 1;
+                sig.idx64 = variant == 3;
+                sig.unroll = variant == 0 ? 4 : variant == 1 ? 2 : 1;
+                for (std::size_t k = 0; k < nl; ++k) {
+                    const Access pick[4][4] = {{Access::contig, Access::scalar, Access::contig, Access::scalar},
+                                               {Access::inner, Access::strided, Access::contig, Access::scalar},
+                                               {Access::strided, Access::contig, Access::scalar, Access::strided},
+                                               {Access::strided, Access::strided, Access::contig, Access::scalar}};
+                    sig.leaves.push_back(pick[variant][k % 4]);
+                    sig.leaf_dtypes.push_back(g[G.leaves[k]].dtype);
+                }
+                add(cuda::detail::elementwise_kernel(g, G, sig));
+            }
+        } else if (G.kind == fuse::Group::Kind::row) {
+            for (int variant = 0; variant < 3; ++variant) {
+                cuda::detail::RowSignature sig;
+                sig.outer_rank = variant == 2 ? 2 : 1;
+                sig.inner_rank = variant == 2 ? 2 : 1;
+                sig.vec = variant == 0 ? 4 : 1;
+                sig.threads = variant == 0 ? 256 : 32;
+                sig.items = variant == 0 ? 4 : 3;
+                sig.idx64 = variant == 1;
+                for (std::size_t k = 0; k < nl + G.outputs.size(); ++k) {
+                    const int node = k < nl ? G.leaves[k] : G.outputs[k - nl];
+                    const bool per_row = !cuda::detail::row_varies(g, node, G.space, G.mask);
+                    sig.inner_access.push_back(per_row ? Access::scalar : variant == 2 ? Access::strided : Access::contig);
+                    sig.outer_zero.push_back(0);
+                    sig.dtypes.push_back(g[node].dtype);
+                }
+                add(cuda::detail::row_kernel(g, G, G.outputs, sig));
+            }
+        } else if (G.kind == fuse::Group::Kind::reduce) {
+            for (int variant = 0; variant < 3; ++variant) {
+                cuda::detail::ReduceSignature sig;
+                sig.outer_rank = variant == 2 ? 0 : 1;
+                sig.inner_rank = variant == 2 ? 2 : 1;
+                sig.idx64 = variant == 1;
+                sig.partial = variant == 2 && g[G.outputs[0]].kind == ir::Kind::reduce;
+                for (std::size_t k = 0; k < nl; ++k) {
+                    sig.inner_access.push_back(variant == 0 ? Access::contig : Access::strided);
+                    sig.dtypes.push_back(g[G.leaves[k]].dtype);
+                }
+                add(cuda::detail::reduce_kernel(g, G, sig));
+                const ir::Node& r = g[G.outputs[0]];
+                if (sig.partial)
+                    add(cuda::detail::combine_kernel(r.rkind, compute_dtype(r.dtype) == DType::boolean ? DType::f32 : compute_dtype(r.dtype),
+                                                     r.dtype, r.correction));
+            }
+        }
+    }
+    return out;
+}
+
+/// A fresh cache directory for the test's compiles, set as KILN_CACHE_DIR for its lifetime.
+struct TempCache {
+    std::filesystem::path dir;
+    TempCache() {
+        dir = std::filesystem::temp_directory_path() / ("kiln-codegen-test-" + std::to_string(::getpid()));
+        std::filesystem::create_directories(dir);
+        ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
+    }
+    ~TempCache() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        ::unsetenv("KILN_CACHE_DIR");
+    }
+};
+
+/// Compiles every source for the given architectures (in parallel); returns how many compiled.
+std::size_t compile_all(const std::vector<cache::KernelSource>& src, std::vector<int> archs = {80, 90}) {
+    for (int arch : archs) {
+        const std::vector<std::string> cubins = cache::cubins_for(src, arch);
+        REQUIRE(cubins.size() == src.size());
+        for (const auto& c : cubins) CHECK(c.rfind("\x7f" "ELF", 0) == 0);
+    }
+    return src.size();
+}
+
+#endif
+
+}  // namespace
+
+#if defined(KILN_WITH_CUDA)
+
+TEST_CASE("every table op in every dtype it accepts compiles as an elementwise kernel") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    int graphs = 0;
+    ops::for_each_op([&](auto tag) {
+        using Op = typename decltype(tag)::type;
+        for (DType dt : all_dtypes) {
+            if constexpr (Op::rule == ops::DTypeRule::cast) {
+                for (DType to : all_dtypes) {
+                    auto [g, p] = trace_plan({zeros({4, 8}, dt)}, [&](auto& in) {
+                        return std::vector<Tensor>{Tensor(expr::make<Op>(to, in[0]))};
+                    });
+                    auto s = sources_for(g, p);
+                    src.insert(src.end(), s.begin(), s.end());
+                    ++graphs;
+                }
+            } else if constexpr (Op::rule == ops::DTypeRule::where) {
+                auto [g, p] = trace_plan({zeros({4, 8}, DType::boolean), zeros({4, 8}, dt), zeros({8}, dt)}, [&](auto& in) {
+                    return std::vector<Tensor>{Tensor(expr::make<Op>(DType::f32, in[0], in[1], in[2]))};
+                });
+                auto s = sources_for(g, p);
+                src.insert(src.end(), s.begin(), s.end());
+                ++graphs;
+            } else {
+                if (!(Op::allowed_categories & (1u << dtype_category(dt)))) continue;
+                auto [g, p] = trace_plan({zeros({4, 8}, dt), zeros({8}, dt)}, [&](auto& in) {
+                    if constexpr (Op::arity == 1) return std::vector<Tensor>{Tensor(expr::make<Op>(DType::f32, in[0]))};
+                    else return std::vector<Tensor>{Tensor(expr::make<Op>(DType::f32, in[0], in[1])),
+                                                    Tensor(expr::make<Op>(DType::f32, in[0], 3))};
+                });
+                auto s = sources_for(g, p);
+                src.insert(src.end(), s.begin(), s.end());
+                ++graphs;
+            }
+        }
+    });
+    CHECK(graphs > 200);
+    CHECK(compile_all(src, {90}) == src.size());
+}
+
+TEST_CASE("row kernels (softmax, log_softmax, layer_norm, logsumexp, column sums) compile in every float dtype") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+        auto [g, p] = trace_plan({zeros({16, 64}, dt), zeros({64}, dt), zeros({64}, dt)}, [&](auto& in) {
+            return std::vector<Tensor>{softmax(in[0], -1), log_softmax(in[0], -1), layer_norm(in[0], 1, in[1], in[2]),
+                                       logsumexp(in[0], 1), sum(in[0] * in[0], 0), mean(in[0], 0, true)};
+        });
+        int rows = 0;
+        for (const auto& G : p.groups) rows += G.kind == fuse::Group::Kind::row ? 1 : 0;
+        CHECK(rows >= 3);
+        auto s = sources_for(g, p);
+        src.insert(src.end(), s.begin(), s.end());
+    }
+    CHECK(compile_all(src) == src.size());
+}
+
+TEST_CASE("reduce kernels: every reduction and arg-reduction over every dtype, whole and split") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    fuse::Limits lim;
+    lim.max_row = 0;  // no row groups: every reduction is a reduce group
+    for (DType dt : all_dtypes) {
+        trace::Tracer tr(nullptr, true);
+        trace::ActiveScope scope(&tr);
+        const Tensor x = tr.input(zeros({8, 32}, dt));
+        std::vector<Tensor> outs{sum(x, 1), prod(x, {0, 1}), max(x, 0), min(x, 1), argmax(x, 1), argmin(x)};
+        if (is_floating(dt)) outs.push_back(mean(x * 2, 1));
+        ir::Graph g = tr.graph();
+        for (const Tensor& o : outs) g.outputs.push_back(tr.node_of(o));
+        ir::Graph opt = passes::run_pipeline(g, {});
+        const fuse::Plan plan = fuse::plan(opt, lim);
+        int reduces = 0;
+        for (const auto& G : plan.groups) reduces += G.kind == fuse::Group::Kind::reduce ? 1 : 0;
+        CHECK(reduces >= 6);
+        auto s = sources_for(opt, plan);
+        src.insert(src.end(), s.begin(), s.end());
+    }
+    CHECK(compile_all(src) == src.size());
+}
+
+TEST_CASE("kernel text comes from the op table: a changed op changes the source and its name") {
+    auto [g1, p1] = trace_plan({zeros({4}, DType::f32)}, [](auto& in) { return std::vector<Tensor>{Tensor(kiln::exp(in[0]))}; });
+    auto [g2, p2] = trace_plan({zeros({4}, DType::f32)}, [](auto& in) { return std::vector<Tensor>{Tensor(kiln::log(in[0]))}; });
+    const auto s1 = sources_for(g1, p1), s2 = sources_for(g2, p2);
+    REQUIRE(!s1.empty());
+    CHECK(s1[0].source.find("exp(") != std::string::npos);
+    CHECK(s2[0].source.find("log(") != std::string::npos);
+    CHECK(s1[0].name != s2[0].name);
+    // the same graph and signature give the same text (so caches hit)
+    CHECK(sources_for(g1, p1)[0].source == s1[0].source);
+}
+
+TEST_CASE("a broken kernel surfaces as CompileError with the NVRTC log and the saved source") {
+    TempCache tc;
+    try {
+        (void)cache::cubin_for("extern \"C\" __global__ void k() { undefined_thing(); }", "kiln_broken", 90);
+        FAIL("no CompileError");
+    } catch (const CompileError& e) {
+        const std::string m = e.what();
+        CHECK(m.find("undefined_thing") != std::string::npos);
+        CHECK(m.find(".cu") != std::string::npos);
+    }
+}
+
+#else
+
+TEST_CASE("without the CUDA toolkit there is no NVRTC to test") { CHECK(!cuda::nvrtc_available()); }
+
+#endif

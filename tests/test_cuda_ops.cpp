@@ -1,0 +1,253 @@
+// The three front doors on a GPU: expression statements, eager ops and kiln::compile on CUDA
+// tensors, checked against the CPU (and float64 where it matters); kernel counts, caches,
+// streams and errors. Every test skips (with a message) where there is no CUDA device.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <kiln/kiln.hpp>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using namespace kiln;
+
+#define KILN_NEED_GPU()                            \
+    if (!cuda::is_available()) {                   \
+        MESSAGE("no CUDA device: skipped");        \
+        return;                                    \
+    }
+
+Tensor cu(const Tensor& t) { return t.to(Device::cuda()); }
+
+/// ‖a − b‖ / ‖b‖ over float64 copies (both on the CPU); NaN where either has a NaN the other lacks.
+double rel_err(const Tensor& a_in, const Tensor& b_in) {
+    const Tensor a = a_in.cpu().to(DType::f64).contiguous(), b = b_in.cpu().to(DType::f64).contiguous();
+    REQUIRE(a.shape() == b.shape());
+    const double* pa = a.data<double>();
+    const double* pb = b.data<double>();
+    double num = 0, den = 0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+        if (std::isnan(pa[i]) != std::isnan(pb[i])) return std::nan("");
+        if (std::isnan(pa[i])) continue;
+        num += (pa[i] - pb[i]) * (pa[i] - pb[i]);
+        den += pb[i] * pb[i];
+    }
+    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+bool equal(const Tensor& a, const Tensor& b) {
+    const Tensor x = a.cpu(), y = b.cpu();
+    if (!(x.shape() == y.shape()) || x.dtype() != y.dtype()) return false;
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+        if (x.item<double>(i) != y.item<double>(i) && !(std::isnan(x.item<double>(i)) && std::isnan(y.item<double>(i)))) return false;
+    return true;
+}
+
+/// Runs fn on CPU copies and CUDA copies of args; returns (cpu result, cuda result on the CPU).
+template <class F>
+std::pair<Tensor, Tensor> both(F&& fn, const std::vector<Tensor>& args) {
+    std::vector<Tensor> d;
+    for (const Tensor& a : args) d.push_back(cu(a));
+    return {fn(args), fn(d).cpu()};
+}
+
+}  // namespace
+
+TEST_CASE("cuda: an expression statement is one kernel and matches the CPU") {
+    KILN_NEED_GPU();
+    const Tensor x = randn({513, 257}), b = randn({257});
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+        INFO(dtype_name(dt));
+        const Tensor xd = x.to(dt), bd = b.to(dt);
+        auto f = [](const std::vector<Tensor>& a) {
+            return Tensor(kiln::tanh(a[0] * 0.5 + a[1]) * kiln::sigmoid(a[0]) - kiln::exp(-kiln::abs(a[0])) / 3.0);
+        };
+        const auto before = cache::kernel_cache_stats();
+        auto [c, g] = both(f, {xd, bd});
+        CHECK(g.dtype() == dt);
+        CHECK(rel_err(g, c) < (dt == DType::bf16 ? 1e-2 : dt == DType::f16 ? 2e-3 : 1e-5));
+        // a second run of the same statement compiles nothing
+        const auto mid = cache::kernel_cache_stats();
+        (void)f({cu(xd), cu(bd)});
+        const auto after = cache::kernel_cache_stats();
+        CHECK(after.compiles + after.disk_hits == mid.compiles + mid.disk_hits);
+        CHECK(mid.compiles + mid.disk_hits - before.compiles - before.disk_hits <= 1);  // one kernel for the statement
+    }
+}
+
+TEST_CASE("cuda: transposed, strided, broadcast and misaligned operands") {
+    KILN_NEED_GPU();
+    const Tensor a = randn({300, 200}), c = randn({200, 1}), s = randn({301});
+    const Tensor ad = cu(a), cd = cu(c), sd = cu(s);
+    CHECK(rel_err(Tensor(ad.t() * 2 + cd), Tensor(a.t() * 2 + c)) < 1e-6);
+    CHECK(rel_err(Tensor(ad.slice(1, 0, 200, 3) + 1), Tensor(a.slice(1, 0, 200, 3) + 1)) < 1e-6);
+    CHECK(rel_err(Tensor(sd.slice(0, 1, 301) * 3), Tensor(s.slice(0, 1, 301) * 3)) < 1e-6);  // offset by one element
+    CHECK(rel_err(Tensor(ad + sd.slice(0, 1, 201)), Tensor(a + s.slice(0, 1, 201))) < 1e-6);
+    const Tensor one = cu(full({1}, 2.5));
+    CHECK(rel_err(Tensor(ad * one), Tensor(a * 2.5)) < 1e-6);
+    CHECK(rel_err(Tensor(kiln::sin(one) + kiln::cos(one)), Tensor(kiln::sin(full({1}, 2.5)) + kiln::cos(full({1}, 2.5)))) < 1e-6);
+}
+
+TEST_CASE("cuda: eager ops, one kernel each, agree with the fused statement") {
+    KILN_NEED_GPU();
+    const Tensor x = cu(randn({1000, 33})), y = cu(randn({33}));
+    const auto e = kiln::exp(x) * y + kiln::tanh(x) - 1.5;
+    CHECK(rel_err(eager(e), Tensor(e)) < 1e-6);
+    const Tensor i = cu(randint(-50, 50, {77, 5}, DType::i32));
+    CHECK(equal(Tensor(i * 3 - 7), Tensor(i.cpu() * 3 - 7)));
+    CHECK(equal(Tensor(i > 0), Tensor(i.cpu() > 0)));
+    CHECK(equal(Tensor(kiln::where(i > 0, i, -i)), Tensor(kiln::where(i.cpu() > 0, i.cpu(), -i.cpu()))));
+}
+
+TEST_CASE("cuda: reductions over every axis pattern, keepdim, and long rows (split)") {
+    KILN_NEED_GPU();
+    const Tensor x = randn({37, 41, 29});
+    const Tensor xd = cu(x);
+    for (const Axes& ax : {Axes{}, Axes{0}, Axes{1}, Axes{2}, Axes{0, 2}, Axes{1, 2}}) {
+        for (bool keep : {false, true}) {
+            CHECK(rel_err(sum(xd, ax, keep), sum(x, ax, keep)) < 1e-5);
+            CHECK(rel_err(mean(xd * 2, ax, keep), mean(x * 2, ax, keep)) < 1e-5);
+            CHECK(equal(kiln::max(xd, ax, keep), kiln::max(x, ax, keep)));
+            CHECK(equal(kiln::min(xd, ax, keep), kiln::min(x, ax, keep)));
+        }
+    }
+    CHECK(equal(argmax(xd, 1), argmax(x, 1)));
+    CHECK(equal(argmin(xd, 2, true), argmin(x, 2, true)));
+    CHECK(equal(argmax(xd), argmax(x)));
+    CHECK(rel_err(prod(xd * 0.1 + 1, 2), prod(x * 0.1 + 1, 2)) < 1e-5);
+    const Tensor big = randn({1 << 22});
+    const Tensor bd = cu(big);
+    CHECK(rel_err(sum(bd), sum(big.to(DType::f64))) < 1e-5);
+    CHECK(rel_err(sum(bd * bd, 0, true), sum(Tensor(big * big).to(DType::f64), 0, true)) < 1e-5);
+    CHECK(equal(kiln::max(bd), kiln::max(big)));
+    const Tensor ints = randint(-5, 5, {1000, 7}, DType::i32);
+    CHECK(equal(sum(cu(ints), 0), sum(ints, 0)));
+    CHECK(sum(cu(ints), 0).dtype() == DType::i64);
+}
+
+TEST_CASE("cuda: softmax, log_softmax, layer_norm and logsumexp rows") {
+    KILN_NEED_GPU();
+    for (std::int64_t L : {1, 7, 64, 1000, 4096, 5000}) {
+        INFO("row length " << L);
+        const Tensor x = randn({129, L}), w = randn({L}), b = randn({L});
+        const Tensor xd = cu(x), wd = cu(w), bd = cu(b);
+        CHECK(rel_err(softmax(xd, -1), softmax(x, -1)) < 1e-5);
+        CHECK(rel_err(log_softmax(xd, -1), log_softmax(x, -1)) < 1e-5);
+        CHECK(rel_err(layer_norm(xd, 1, wd, bd), layer_norm(x, 1, w, b)) < 1e-5);
+        CHECK(rel_err(logsumexp(xd, 1), logsumexp(x, 1)) < 1e-5);
+        CHECK(rel_err(softmax(xd, 0), softmax(x, 0)) < 1e-5);  // down the columns
+    }
+    const Tensor h = randn({64, 512}).to(DType::bf16);
+    CHECK(rel_err(softmax(cu(h), -1), softmax(h, -1)) < 1e-2);
+}
+
+TEST_CASE("cuda: matmul routes to cuBLASLt from kiln::matmul") {
+    KILN_NEED_GPU();
+    const Tensor a = randn({64, 48}), b = randn({48, 80});
+    CHECK(rel_err(kiln::matmul(cu(a), cu(b)), kiln::matmul(a.to(DType::f64), b.to(DType::f64))) < 1e-5);
+    CHECK_THROWS_AS(kiln::matmul(cu(a), b), DeviceError);
+}
+
+TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU and matches it") {
+    KILN_NEED_GPU();
+    const Tensor w1 = randn({64, 128}), b1 = randn({128}), w2 = randn({128, 32});
+    const Tensor w1d = cu(w1), b1d = cu(b1), w2d = cu(w2);
+    auto mlp = [](const Tensor& w1_, const Tensor& b1_, const Tensor& w2_) {
+        return [=](const Tensor& x) { return softmax(kiln::matmul(Tensor(gelu(kiln::matmul(x, w1_) + b1_)), w2_), -1); };
+    };
+    auto fc = compile(mlp(w1, b1, w2));
+    auto fg = compile(mlp(w1d, b1d, w2d));
+    const Tensor x = randn({16, 64});
+    const Tensor rc = fc(x), rg = fg(cu(x));
+    CHECK(rg.device() == Device::cuda());
+    CHECK(rel_err(rg, rc) < 1e-4);
+    CHECK(fg.kernels() == fc.kernels());
+    // a second size recompiles with dims dynamic, a third reuses it
+    for (std::int64_t n : {16, 32, 48, 5}) {
+        const Tensor xn = randn({n, 64});
+        CHECK(rel_err(fg(cu(xn)), fc(xn)) < 1e-4);
+    }
+    CHECK(fg.compiles() == 2);
+    // the graph backend (one kernel per op) agrees too
+    auto gg = compile(mlp(w1d, b1d, w2d), {.backend = Backend::graph});
+    CHECK(rel_err(gg(cu(x)), rc) < 1e-4);
+}
+
+TEST_CASE("cuda: a compiled function with a graph break and views") {
+    KILN_NEED_GPU();
+    auto f = compile([](const Tensor& x) {
+        Tensor y = Tensor(x * 2).reshape({-1, 4}).t();
+        if (sum(y).item<float>() > 0) return Tensor(y + 1);
+        return Tensor(y - 1);
+    });
+    const Tensor x = randn({8, 4});
+    const Tensor expect = [&] {
+        Tensor y = Tensor(x * 2).reshape({-1, 4}).t();
+        return sum(y).item<float>() > 0 ? Tensor(y + 1) : Tensor(y - 1);
+    }();
+    CHECK(rel_err(f(cu(x)), expect) < 1e-6);
+    CHECK(rel_err(f(cu(x)), expect) < 1e-6);
+}
+
+TEST_CASE("cuda: copy_, fill_ and assign into CUDA tensors") {
+    KILN_NEED_GPU();
+    Tensor d = cu(zeros({10, 10}));
+    const Tensor s = randn({10, 10});
+    d.copy_(cu(s));
+    CHECK(equal(d, s));
+    d.assign(cu(s) * 2);
+    CHECK(rel_err(d, Tensor(s * 2)) < 1e-7);
+    d.copy_(cu(randn({10})).to(DType::f64));  // broadcast and convert
+    CHECK(d.dtype() == DType::f32);
+    d.fill_(3.0);
+    CHECK(equal(d, full({10, 10}, 3.0)));
+}
+
+TEST_CASE("cuda: work follows the stream a StreamGuard selects") {
+    KILN_NEED_GPU();
+    cuda::Stream s;
+    const Tensor x = randn({1 << 20});
+    Tensor r;
+    {
+        cuda::StreamGuard g(s);
+        const Tensor xd = cu(x);
+        r = Tensor(xd * 2 + 1);
+        s.synchronize();
+    }
+    CHECK(rel_err(r, Tensor(x * 2 + 1)) < 1e-7);
+}
+
+TEST_CASE("cuda: statements from several threads") {
+    KILN_NEED_GPU();
+    const Tensor x = randn({4096});
+    const Tensor expect = Tensor(kiln::sqrt(kiln::abs(x)) + 1);
+    std::vector<std::thread> ts;
+    std::vector<double> errs(4);
+    for (int t = 0; t < 4; ++t)
+        ts.emplace_back([&, t] {
+            const Tensor r = Tensor(kiln::sqrt(kiln::abs(cu(x))) + 1);
+            cuda::synchronize();
+            errs[static_cast<std::size_t>(t)] = rel_err(r, expect);
+        });
+    for (auto& t : ts) t.join();
+    for (double e : errs) CHECK(e < 1e-7);
+}
+
+TEST_CASE("cuda: mixing devices is a DeviceError naming both devices and the caller") {
+    KILN_NEED_GPU();
+    const Tensor a = cu(randn({4})), b = randn({4});
+    try {
+        (void)Tensor(a + b);
+        FAIL("no DeviceError");
+    } catch (const DeviceError& e) {
+        const std::string m = e.what();
+        CHECK(m.find("cuda:0") != std::string::npos);
+        CHECK(m.find("cpu") != std::string::npos);
+        CHECK(m.find("test_cuda_ops.cpp") != std::string::npos);
+    }
+}
