@@ -92,10 +92,17 @@ public:
             times.push_back(seconds_since(t0));
             if (times.size() >= 2000) break;
         }
+        record(workload, method, "cpu", threads, bytes, std::move(times), first);
+    }
+
+    /// Adds the row of one timed workload: times of the repeats and of the first call, in seconds.
+    void record(const std::string& workload, const std::string& method, const std::string& device, int threads, double bytes,
+                std::vector<double> times, double first) {
         std::sort(times.begin(), times.end());
         Row r;
         r.workload = workload;
         r.method = method;
+        r.device = device;
         r.threads = threads;
         r.bytes = bytes;
         r.repeats = static_cast<int>(times.size());
@@ -127,19 +134,7 @@ public:
             times.push_back(e1.elapsed_ms(e0) * 1e-3);
             if (times.size() >= 5000) break;
         }
-        std::sort(times.begin(), times.end());
-        Row r;
-        r.workload = workload;
-        r.method = method;
-        r.device = "cuda:0";
-        r.threads = gpu;
-        r.bytes = bytes;
-        r.repeats = static_cast<int>(times.size());
-        r.median_us = times[times.size() / 2] * 1e6;
-        r.min_us = times.front() * 1e6;
-        r.first_call_us = first * 1e6;
-        rows_.push_back(r);
-        print(r);
+        record(workload, method, "cuda:0", gpu, bytes, std::move(times), first);
     }
     /// Adds a row measured elsewhere (warm-start times from a child process).
     void add_row(const Row& r) {
@@ -590,6 +585,12 @@ void bench_gpu(Bench& b, const std::string& self) {
         check_close("gpu chain64M compiled", c.cpu(), y.cpu(), 1e-5);
         check_close("gpu chain64M eager vs cpu", y.cpu().slice(0, 0, 1 << 20), kiln::eager(chain_expr(x.cpu().slice(0, 0, 1 << 20))), 1e-5);
     }
+    if (want("scale64M")) {  // the lightest elementwise kernel: what the elementwise skeleton reaches
+        const Tensor x = gpu(kiln::randn({64 << 20}));
+        const double bytes = 2.0 * 4 * static_cast<double>(x.numel());
+        Tensor y = kiln::empty(x.shape(), kiln::DType::f32, kiln::Device::cuda());
+        b.gpu_row("scale64M", "fused", bytes, [&] { y.assign(x * 2.0f); });
+    }
     if (want("bias_gelu")) {
         GpuWorkload w = gpu_workload("bias_gelu");
         const double bytes = 4.0 * static_cast<double>(2 * w.in[0].numel() + w.in[1].numel());
@@ -633,6 +634,16 @@ void bench_gpu(Bench& b, const std::string& self) {
         Tensor y;
         b.gpu_row("sincos_scalar", "fused", 8, [&] { y = Tensor(kiln::sin(w.in[0]) + kiln::cos(w.in[0])); });
         b.gpu_row("sincos_scalar", "eager", 8, [&] { y = kiln::eager(kiln::sin(w.in[0]) + kiln::cos(w.in[0])); });
+        // host cost alone: back-to-back compiled calls (the GPU keeps up), wall time per call
+        std::vector<double> per_call;
+        for (int rep = 0; rep < 15; ++rep) {
+            kiln::cuda::synchronize(0);
+            const auto t0 = Clock::now();
+            for (int i = 0; i < 200; ++i) y = w.call(w.in);
+            per_call.push_back(seconds_since(t0) / 200);
+        }
+        kiln::cuda::synchronize(0);
+        b.record("sincos_scalar", "host", "cuda:0", Bench::gpu, 8, per_call, 0);
         check_close("gpu sincos", c.cpu(), y.cpu(), 1e-6);
     }
     std::printf("\nGPU summary (%s)\n", props.name.c_str());

@@ -35,6 +35,7 @@ fi
 if [ -n "${KILN_TUNE:-}" ] && [ -x "$B/bench/kiln_bench" ]; then
   # launch-shape sweep (KILN_TUNE=1): the GPU rows under each setting, compiled method only
   for u in 1 2; do echo "== KILN_CUDA_EW_UNROLL=$u"; KILN_CUDA_EW_UNROLL=$u "$B/bench/kiln_bench" --no-cpu --filter chain64M --min-time 0.2 | grep -E "compiled|fused"; done
+  for w in 1 4 1000000; do echo "== KILN_CUDA_EW_WAVES=$w"; for f in chain64M scale64M; do KILN_CUDA_EW_WAVES=$w "$B/bench/kiln_bench" --no-cpu --filter $f --min-time 0.2 | grep -E "compiled|fused"; done; done
   for r in 8 16 32; do echo "== KILN_CUDA_ROW_ELEMS=$r"; for w in softmax layernorm; do KILN_CUDA_ROW_ELEMS=$r "$B/bench/kiln_bench" --no-cpu --filter $w --min-time 0.2 | grep -E "compiled"; done; done
 fi
 if [ -x "$B/bench/kiln_bench" ]; then

@@ -261,12 +261,10 @@ template <class E> Tensor record_expr(const E& e, const std::source_location& lo
 
 namespace kiln::trace {
 
-/// Records a reduction of an expression (or tensor) with tracing leaves.
-template <class E>
-Tensor record_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
-                     const Shape& out_shape, DType out_dtype, const std::source_location& loc) {
-    Tracer* tr = Tracer::active();
-    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+namespace detail {
+/// A reduce or arg_reduce node over operand `in`.
+inline ir::Node reduce_node(ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim, const Shape& out_shape,
+                            DType out_dtype, const std::source_location& loc, int in) {
     ir::Node n;
     n.kind = kind;
     n.rkind = rk;
@@ -276,8 +274,19 @@ Tensor record_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max,
     n.shape = out_shape;
     n.dtype = out_dtype;
     n.loc = loc;
-    n.in = {detail::lower(*tr, e, e.info.ct)};
-    return tr->make(tr->graph().add(std::move(n)));
+    n.in = {in};
+    return n;
+}
+}  // namespace detail
+
+/// Records a reduction of an expression (or tensor) with tracing leaves.
+template <class E>
+Tensor record_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
+                     const Shape& out_shape, DType out_dtype, const std::source_location& loc) {
+    Tracer* tr = Tracer::active();
+    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+    const int in = detail::lower(*tr, e, e.info.ct);
+    return tr->make(tr->graph().add(detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in)));
 }
 
 /// Records a matrix product with a tracing operand.

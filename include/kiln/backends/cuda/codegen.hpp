@@ -418,6 +418,44 @@ struct RowSignature {
     }
 };
 
+/// Row launches' size and stride parameters: outer and inner sizes, then per operand its outer
+/// strides and (for strided inner access) its inner strides.
+inline std::string row_params(const std::vector<Access>& inner_access, int Ro, int Ri) {
+    std::string s;
+    for (int d = 0; d < Ro; ++d) s += ", long long zo" + std::to_string(d);
+    for (int d = 0; d < Ri; ++d) s += ", long long zi" + std::to_string(d);
+    for (std::size_t k = 0; k < inner_access.size(); ++k) {
+        for (int d = 0; d < Ro; ++d) s += ", long long so" + std::to_string(k) + "_" + std::to_string(d);
+        if (inner_access[k] == Access::strided || inner_access[k] == Access::inner)
+            for (int d = 0; d < Ri; ++d) s += ", long long si" + std::to_string(k) + "_" + std::to_string(d);
+    }
+    return s;
+}
+/// `b_[k]`: where row r starts in operand k, from r's outer coordinates.
+inline std::string row_bases(std::size_t nops, int Ro) {
+    std::string s = "    idx_t b_[" + std::to_string(std::max<std::size_t>(nops, 1)) + "];\n    { idx_t q_ = r;\n";
+    for (int d = Ro - 1; d >= 0; --d) {
+        s += "      const idx_t c" + std::to_string(d) + " = q_ % (idx_t)zo" + std::to_string(d) + ";";
+        if (d > 0) s += " q_ /= (idx_t)zo" + std::to_string(d) + ";";
+        s += "\n";
+    }
+    for (std::size_t k = 0; k < nops; ++k) {
+        std::string o = "(idx_t)0";
+        for (int d = 0; d < Ro; ++d) o += " + c" + std::to_string(d) + " * (idx_t)so" + std::to_string(k) + "_" + std::to_string(d);
+        s += "      b_[" + std::to_string(k) + "] = " + o + ";\n";
+    }
+    return s + "    }\n";
+}
+/// Offset of operand k at row element `col` through its inner sizes and strides.
+inline std::string inner_offset(std::size_t k, const std::string& col, int Ri) {
+    std::string o = "([&]() { idx_t q_ = " + col + "; idx_t o_ = b_[" + std::to_string(k) + "];";
+    for (int d = Ri - 1; d >= 0; --d) {
+        o += " o_ += (q_ % (idx_t)zi" + std::to_string(d) + ") * (idx_t)si" + std::to_string(k) + "_" + std::to_string(d) + ";";
+        if (d > 0) o += " q_ /= (idx_t)zi" + std::to_string(d) + ";";
+    }
+    return o + " return o_; }())";
+}
+
 /// Whether a node of a row group takes a value per row element (otherwise one per row).
 inline bool row_varies(const ir::Graph& g, int i, const Shape& space, unsigned mask) {
     const ir::Node& n = g[i];
@@ -443,44 +481,18 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
     std::string s = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(T) + ") @NAME@(";
     for (std::size_t k = 0; k < nl + no; ++k)
         s += std::string(k < nl ? "const " : "") + storage_type(sig.dtypes[k]) + "* __restrict__ " + op_name(k) + ", ";
-    s += "long long rows, long long L";
-    for (int d = 0; d < Ro; ++d) s += ", long long zo" + std::to_string(d);
-    for (int d = 0; d < Ri; ++d) s += ", long long zi" + std::to_string(d);
-    for (std::size_t k = 0; k < nl + no; ++k) {
-        for (int d = 0; d < Ro; ++d) s += ", long long so" + std::to_string(k) + "_" + std::to_string(d);
-        if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
-            for (int d = 0; d < Ri; ++d) s += ", long long si" + std::to_string(k) + "_" + std::to_string(d);
-    }
+    s += "long long rows, long long L" + row_params(sig.inner_access, Ro, Ri);
     s += ") {\n  typedef " + idx + " idx_t;\n  __shared__ double smem_[32];\n";
     s += "  const int tid = threadIdx.x;\n";
     s += "  for (idx_t r = blockIdx.x; r < (idx_t)rows; r += gridDim.x) {\n";
-    // row bases of every operand
-    s += "    idx_t b_[" + std::to_string(nl + no) + "];\n    { idx_t q_ = r;\n";
-    for (int d = Ro - 1; d >= 0; --d) {
-        s += "      const idx_t c" + std::to_string(d) + " = q_ % (idx_t)zo" + std::to_string(d) + ";";
-        if (d > 0) s += " q_ /= (idx_t)zo" + std::to_string(d) + ";";
-        s += "\n";
-    }
-    for (std::size_t k = 0; k < nl + no; ++k) {
-        std::string o = "(idx_t)0";
-        for (int d = 0; d < Ro; ++d) o += " + c" + std::to_string(d) + " * (idx_t)so" + std::to_string(k) + "_" + std::to_string(d);
-        s += "      b_[" + std::to_string(k) + "] = " + o + ";\n";
-    }
-    s += "    }\n";
+    s += row_bases(nl + no, Ro);
     // element offset of operand k at row element `col`
     auto elem_offset = [&](std::size_t k, const std::string& col) -> std::string {
         const std::string b = "b_[" + std::to_string(k) + "]";
         switch (sig.inner_access[k]) {
             case Access::scalar: return b;
             case Access::contig: return b + " + " + col;
-            default: {
-                std::string o = "([&]() { idx_t q_ = " + col + "; idx_t o_ = " + b + ";";
-                for (int d = Ri - 1; d >= 0; --d) {
-                    o += " o_ += (q_ % (idx_t)zi" + std::to_string(d) + ") * (idx_t)si" + std::to_string(k) + "_" + std::to_string(d) + ";";
-                    if (d > 0) o += " q_ /= (idx_t)zi" + std::to_string(d) + ";";
-                }
-                return o + " return o_; }())";
-            }
+            default: return inner_offset(k, col, Ri);
         }
     };
     const int per = I * V;
@@ -616,31 +628,13 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
     for (std::size_t k = 0; k < nl; ++k) s += "const " + std::string(storage_type(sig.dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
     const std::string out_t = sig.partial ? at : arg ? "long long" : storage_type(rn.dtype);
-    s += out_t + "* __restrict__ out, long long rows, long long L, long long chunks";
-    for (int d = 0; d < Ro; ++d) s += ", long long zo" + std::to_string(d);
-    for (int d = 0; d < Ri; ++d) s += ", long long zi" + std::to_string(d);
-    for (std::size_t k = 0; k < nl; ++k) {
-        for (int d = 0; d < Ro; ++d) s += ", long long so" + std::to_string(k) + "_" + std::to_string(d);
-        if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
-            for (int d = 0; d < Ri; ++d) s += ", long long si" + std::to_string(k) + "_" + std::to_string(d);
-    }
+    s += out_t + "* __restrict__ out, long long rows, long long L, long long chunks" + row_params(sig.inner_access, Ro, Ri);
     s += ") {\n  typedef " + idx + " idx_t;\n  __shared__ double smem_[32];\n  __shared__ long long smi_[32];\n";
     s += "  for (idx_t blk = blockIdx.x; blk < (idx_t)(rows * chunks); blk += gridDim.x) {\n";
     s += "    const idx_t r = blk / (idx_t)chunks, ch = blk % (idx_t)chunks;\n";
     s += "    const idx_t per_ = ((idx_t)L + (idx_t)chunks - 1) / (idx_t)chunks;\n";
     s += "    const idx_t beg_ = ch * per_, end_ = beg_ + per_ < (idx_t)L ? beg_ + per_ : (idx_t)L;\n";
-    s += "    idx_t b_[" + std::to_string(std::max<std::size_t>(nl, 1)) + "];\n    { idx_t q_ = r;\n";
-    for (int d = Ro - 1; d >= 0; --d) {
-        s += "      const idx_t c" + std::to_string(d) + " = q_ % (idx_t)zo" + std::to_string(d) + ";";
-        if (d > 0) s += " q_ /= (idx_t)zo" + std::to_string(d) + ";";
-        s += "\n";
-    }
-    for (std::size_t k = 0; k < nl; ++k) {
-        std::string o = "(idx_t)0";
-        for (int d = 0; d < Ro; ++d) o += " + c" + std::to_string(d) + " * (idx_t)so" + std::to_string(k) + "_" + std::to_string(d);
-        s += "      b_[" + std::to_string(k) + "] = " + o + ";\n";
-    }
-    s += "    }\n";
+    s += row_bases(nl, Ro);
     s += "    " + at + " acc = " + (arg ? literal(0, acc) : identity_text(rn.rkind, acc)) + ";\n";
     if (arg) s += "    long long at_ = -1;\n";
     s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
@@ -652,14 +646,7 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         switch (sig.inner_access[k]) {
             case Access::scalar: off = "b_[" + ks + "]"; break;
             case Access::contig: off = "b_[" + ks + "] + col"; break;
-            default: {
-                off = "([&]() { idx_t q_ = col; idx_t o_ = b_[" + ks + "];";
-                for (int d = Ri - 1; d >= 0; --d) {
-                    off += " o_ += (q_ % (idx_t)zi" + std::to_string(d) + ") * (idx_t)si" + ks + "_" + std::to_string(d) + ";";
-                    if (d > 0) off += " q_ /= (idx_t)zi" + std::to_string(d) + ";";
-                }
-                off += " return o_; }())";
-            }
+            default: off = inner_offset(k, "col", Ri);
         }
         s += "      const " + std::string(value_type(dt)) + " x" + ks + " = " + load_conv(dt, "a" + ks + "[" + off + "]") + ";\n";
         vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;

@@ -170,17 +170,8 @@ Tensor eval_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max, u
     for (double s : scalars) key += number_text(s) + ",";
     key += "/" + std::to_string(static_cast<int>(out_dtype));
     return run_statement<std::pair<Tag, E>>(ts, key, op, loc, [&](trace::Tracer& tr, auto& leaf) {
-        ir::Node n;
-        n.kind = kind;
-        n.rkind = rk;
-        n.arg_max = arg_max;
-        n.mask = mask;
-        n.keepdim = keepdim;
-        n.shape = out_shape;
-        n.dtype = out_dtype;
-        n.loc = loc;
-        n.in = {trace::detail::lower(tr, e, e.info.ct, leaf)};
-        return tr.graph().add(std::move(n));
+        const int in = trace::detail::lower(tr, e, e.info.ct, leaf);
+        return tr.graph().add(trace::detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in));
     });
 }
 
