@@ -269,16 +269,14 @@ void evaluate_into(const E& e, const Tensor& out) {
 /// operand order) into a new tensor of the node's shape and dtype.
 inline Tensor run_single_op(ops::OpId op, const Info& info, DType attr, const std::vector<Tensor>& tensors,
                             const std::vector<int>& operand_is_tensor, const std::vector<double>& scalars) {
+    DType ct = info.ct;
+    if (info.agnostic) {  // bool-valued logic: run in the operands' compute type, f32 for bools
+        ct = DType::f32;
+        for (const Tensor& t : tensors)
+            if (t.dtype() != DType::boolean) { ct = compute_dtype(t.dtype()); break; }
+    }
     for (const Tensor& t : tensors)
-        if (t.device().is_cuda()) {
-            DType ct = info.ct;
-            if (info.agnostic) {
-                ct = DType::f32;
-                for (const Tensor& u : tensors)
-                    if (u.dtype() != DType::boolean) { ct = compute_dtype(u.dtype()); break; }
-            }
-            return cuda::detail::run_op(op, info.dtype, ct, attr, info.shape, tensors, operand_is_tensor, scalars);
-        }
+        if (t.device().is_cuda()) return cuda::detail::run_op(op, info.dtype, ct, attr, info.shape, tensors, operand_is_tensor, scalars);
     kiln::detail::TileProgram p;
     Tensor out(info.shape, info.dtype);
     p.scalars = scalars;
@@ -288,12 +286,6 @@ inline Tensor run_single_op(ops::OpId op, const Info& info, DType attr, const st
     std::vector<kiln::detail::Access*> all{&p.out};
     for (auto& a : p.leaves) all.push_back(&a);
     kiln::detail::collapse(p.space, all);
-    DType ct = info.ct;
-    if (info.agnostic) {  // bool-valued logic: run in the operands' compute type, f32 for bools
-        ct = DType::f32;
-        for (const Tensor& t : tensors)
-            if (t.dtype() != DType::boolean) { ct = compute_dtype(t.dtype()); break; }
-    }
     kiln::detail::TileProgram::Instr ins{op, ct, attr, {-1, -1, -1}};
     int nt = 0, ns = 0;
     for (std::size_t k = 0; k < operand_is_tensor.size(); ++k)

@@ -110,12 +110,12 @@ struct KernelMemo {
     std::mutex mu;
     std::unordered_map<std::string, CUfunction> by_sig;
     // a memo belongs to one program, which runs on one device: the signature is the whole key
-    CUfunction find(const std::string& sig, int) {
+    CUfunction find(const std::string& sig) {
         std::lock_guard lock(mu);
         auto it = by_sig.find(sig);
         return it == by_sig.end() ? nullptr : it->second;
     }
-    void insert(const std::string& sig, int, CUfunction f) {
+    void insert(const std::string& sig, CUfunction f) {
         std::lock_guard lock(mu);
         by_sig.emplace(sig, f);
     }
@@ -179,7 +179,7 @@ public:
 
     void add(KernelMemo& memo, std::string key, std::function<KernelText()> make, Args args, unsigned grid, unsigned block) {
         if (pending_.empty())
-            if (const CUfunction f = memo.find(key, device_)) {
+            if (const CUfunction f = memo.find(key)) {
                 launch(f, grid, block, 0, current_stream(device_), args.finish());
                 return;
             }
@@ -200,14 +200,14 @@ public:
         std::vector<KernelText> texts;
         std::vector<std::size_t> which;
         for (std::size_t i = 0; i < pending_.size(); ++i)
-            if (pending_[i].memo && !pending_[i].memo->find(pending_[i].key, device_)) {
+            if (pending_[i].memo && !pending_[i].memo->find(pending_[i].key)) {
                 texts.push_back(pending_[i].make());
                 which.push_back(i);
             }
         const std::vector<CUfunction> fs = kernel_functions(texts, device_);
-        for (std::size_t j = 0; j < which.size(); ++j) pending_[which[j]].memo->insert(pending_[which[j]].key, device_, fs[j]);
+        for (std::size_t j = 0; j < which.size(); ++j) pending_[which[j]].memo->insert(pending_[which[j]].key, fs[j]);
         const CUstream st = current_stream(device_);
-        for (Launch& l : pending_) launch(l.memo ? l.memo->find(l.key, device_) : l.fn, l.grid, l.block, 0, st, l.args.finish());
+        for (Launch& l : pending_) launch(l.memo ? l.memo->find(l.key) : l.fn, l.grid, l.block, 0, st, l.args.finish());
         pending_.clear();
     }
 
@@ -304,7 +304,7 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     const std::string key = sig.key();
     const std::vector<std::int64_t> tail(a.slots.begin() + static_cast<std::ptrdiff_t>(nl + 1), a.slots.end());
     L.add(memo, key, [&g, &G, sig] { return elementwise_kernel(g, G, sig); }, std::move(a), grid, 256);
-    if (const CUfunction f = memo.find(key, device)) {  // known (not waiting for a flush): remember the launch
+    if (const CUfunction f = memo.find(key)) {  // known (not waiting for a flush): remember the launch
         KernelMemo::Last l;
         for (std::size_t k = 0; k < nl; ++k) {
             const Tensor& t = vals[static_cast<std::size_t>(G.leaves[k])];
