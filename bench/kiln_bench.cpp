@@ -143,6 +143,10 @@ public:
     }
     static constexpr int gpu = 0;  ///< the `threads` value of GPU rows
 
+    /// The floating-point work of one run of a workload and its math mode ("f32 (no TF32)", "bf16"),
+    /// written to the JSON rows of that workload (GEMM-bound rows are judged by FLOP/s).
+    void set_meta(const std::string& workload, double flops, const std::string& math) { meta_[workload] = {flops, math}; }
+
     /// The measured copy bandwidth for a thread count (GB/s, read + write).
     void set_copy_bandwidth(int threads, double gbps) { copy_gbps_[threads] = gbps; }
     double copy_bandwidth(int threads) const {
@@ -218,6 +222,10 @@ public:
               << ", \"gbps\": " << r.gbps();
             if (copy > 0) f << ", \"pct_copy\": " << 100 * r.gbps() / copy;
             if (eager > 0) f << ", \"speedup_vs_eager\": " << eager / r.median_us;
+            if (auto m = meta_.find(r.workload); m != meta_.end()) {
+                f << ", \"flops\": " << m->second.first << ", \"math\": \"" << m->second.second << "\"";
+                if (r.median_us > 0 && m->second.first > 0) f << ", \"tflops\": " << m->second.first / (r.median_us * 1e6);
+            }
             f << "}" << (i + 1 < rows_.size() ? "," : "") << "\n";
         }
         f << "]\n";
@@ -228,6 +236,7 @@ private:
     Options opt_;
     std::vector<Row> rows_;
     std::map<int, double> copy_gbps_;
+    std::map<std::string, std::pair<double, std::string>> meta_;
 };
 
 /// Largest |a - b| relative to max(1, |b|) over all elements (both read as f64).
@@ -465,6 +474,75 @@ void bench_sincos_scalar(Bench& b) {
 
 
 // ---------------------------------------------------------------------------------------------
+// Models: mlp (batch 64: 1024 -> 4096 GELU(tanh) -> 1024) and bert_layer (batch 8, seq 128,
+// hidden 768, 12 heads, FFN 3072, post-norm, GELU(tanh)), in f32 (no TF32) and bf16. Methods:
+// eager (the traced graph run one op per kernel), fused (the module called directly: one kernel
+// per statement; on CUDA a Linear's bias and activation ride in the cuBLASLt epilogue), compiled
+// (kiln::compile) and, on the GPU, reduce_overhead (compiled and replayed as CUDA graphs).
+
+struct Model {
+    std::string name, math;
+    double flops = 0;
+    Tensor x;
+    std::function<Tensor(const Tensor&)> fn;  // the forward pass (holds the module)
+};
+
+Model make_model(const std::string& name, kiln::Device dev) {
+    kiln::manual_seed(7);
+    Model m;
+    m.name = name;
+    const bool bf16 = name.ends_with("bf16");
+    const kiln::DType dt = bf16 ? kiln::DType::bf16 : kiln::DType::f32;
+    m.math = bf16 ? "bf16 (f32 accumulate)" : "f32 (no TF32)";
+    const kiln::nn::Init init{dt, dev};
+    if (name.starts_with("mlp")) {
+        auto mod = std::make_shared<kiln::nn::Mlp>(1024, 4096, 1024, init);
+        m.x = kiln::randn({64, 1024}).to(dt).to(dev);
+        m.flops = 2.0 * 64 * (1024.0 * 4096 * 2);
+        m.fn = [mod](const Tensor& t) { return (*mod)(t); };
+    } else {
+        const std::int64_t B = 8, S = 128, E = 768, H = 12, F = 3072;
+        auto mod = std::make_shared<kiln::nn::BertLayer>(E, H, F, 1e-5, init);
+        m.x = kiln::randn({B, S, E}).to(dt).to(dev);
+        m.flops = 2.0 * B * S * (E * 3.0 * E + E * E + 2.0 * E * F) + 2.0 * 2 * B * H * S * S * (E / H);
+        m.fn = [mod](const Tensor& t) { return (*mod)(t); };
+    }
+    return m;
+}
+
+/// The rows of one model workload on the CPU (threads > 0) or the GPU (threads == Bench::gpu).
+void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads, bool gpu) {
+    Model m = make_model(name, dev);
+    b.set_meta(name, m.flops, m.math);
+    auto eager = kiln::compile(m.fn, {.backend = kiln::Backend::graph});
+    auto compiled = kiln::compile(m.fn);
+    auto ro = kiln::compile(m.fn, {.mode = kiln::Mode::reduce_overhead});
+    const double tol = name.ends_with("bf16") ? 5e-2 : 1e-3;
+    Tensor ye, yf, yc, yr;
+    auto time = [&](const char* method, const std::function<void()>& fn, int reps) {
+        if (gpu) b.gpu_row(name, method, 0, fn, reps);
+        else b.row(name, method, threads, 0, fn, reps);
+    };
+    // every method checked against eager before it is timed
+    ye = eager(m.x);
+    check_close(name + " fused", m.fn(m.x).cpu(), ye.cpu(), tol);
+    check_close(name + " compiled", compiled(m.x).cpu(), ye.cpu(), tol);
+    time("eager", [&] { ye = eager(m.x); }, gpu ? 20 : 3);
+    time("fused", [&] { yf = m.fn(m.x); }, gpu ? 20 : 3);
+    time("compiled", [&] { yc = compiled(m.x); }, gpu ? 20 : 3);
+    if (gpu) {
+        check_close(name + " reduce_overhead", ro(m.x).cpu(), ye.cpu(), tol);
+        time("reduce_overhead", [&] { yr = ro(m.x); }, 20);
+        check_close(name + " reduce_overhead (timed)", yr.cpu(), ye.cpu(), tol);
+    }
+}
+
+void bench_models(Bench& b) {
+    for (const char* name : {"mlp_f32", "bert_layer_f32"})
+        if (b.wanted(name)) model_rows(b, name, kiln::Device::cpu(), b.options().max_threads, false);
+}
+
+// ---------------------------------------------------------------------------------------------
 // GPU rows (when a CUDA device is present): the same workloads at the GPU sizes, timed
 // with CUDA events; `compiled` runs first for each workload, so its first call is the cold
 // compile (NVRTC, empty disk cache); a child process then measures the warm (disk-cache) start.
@@ -476,36 +554,37 @@ struct GpuWorkload {
     std::vector<Tensor> in;
     std::function<Tensor(const std::vector<Tensor>&)> call;
 };
-GpuWorkload gpu_workload(const std::string& name) {
+GpuWorkload gpu_workload(const std::string& name, kiln::Mode mode = kiln::Mode::normal) {
     GpuWorkload w;
+    const kiln::Options opt{.mode = mode};
     if (name == "chain64M") {
         kiln::manual_seed(1);
         w.in = {gpu(Tensor(kiln::randn({64 << 20}) * 2.0))};
-        auto c = kiln::compile([](const Tensor& v) { return Tensor(chain_expr(v)); });
+        auto c = kiln::compile([](const Tensor& v) { return Tensor(chain_expr(v)); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
     } else if (name == "bias_gelu") {
         kiln::manual_seed(2);
         w.in = {gpu(kiln::randn({8192, 4096})), gpu(kiln::randn({4096}))};
-        auto c = kiln::compile([](const Tensor& v, const Tensor& b) { return Tensor(kiln::gelu_tanh(v + b)); });
+        auto c = kiln::compile([](const Tensor& v, const Tensor& b) { return Tensor(kiln::gelu_tanh(v + b)); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1]); };
     } else if (name == "softmax") {
         kiln::manual_seed(3);
         w.in = {gpu(Tensor(kiln::randn({8192, 4096}) * 3.0))};
-        auto c = kiln::compile([](const Tensor& v) { return kiln::softmax(v); });
+        auto c = kiln::compile([](const Tensor& v) { return kiln::softmax(v); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
     } else if (name == "layernorm") {
         kiln::manual_seed(4);
         w.in = {gpu(kiln::randn({8192, 4096})), gpu(kiln::randn({4096})), gpu(kiln::randn({4096}))};
-        auto c = kiln::compile([](const Tensor& v, const Tensor& wt, const Tensor& b) { return kiln::layer_norm(v, 1, wt, b); });
+        auto c = kiln::compile([](const Tensor& v, const Tensor& wt, const Tensor& b) { return kiln::layer_norm(v, 1, wt, b); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1], a[2]); };
     } else if (name == "numpy_fn") {
         kiln::manual_seed(5);
         w.in = {gpu(kiln::randn({1024, 640})), gpu(Tensor(kiln::randn({1024, 640}) * 0.1))};
-        auto c = kiln::compile([](const Tensor& x, const Tensor& y) { return numpy_fn(x, y, [](const auto& e) { return Tensor(e); }); });
+        auto c = kiln::compile([](const Tensor& x, const Tensor& y) { return numpy_fn(x, y, [](const auto& e) { return Tensor(e); }); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1]); };
     } else if (name == "sincos_scalar") {
         w.in = {gpu(kiln::full({1}, 0.5))};
-        auto c = kiln::compile([](const Tensor& v) { return Tensor(kiln::sin(v) + kiln::cos(v)); });
+        auto c = kiln::compile([](const Tensor& v) { return Tensor(kiln::sin(v) + kiln::cos(v)); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
     } else {
         throw std::invalid_argument("kiln_bench: no GPU workload " + name);
@@ -565,6 +644,10 @@ void bench_gpu(Bench& b, const std::string& self) {
     auto compiled_rows = [&](const std::string& name, double bytes, GpuWorkload& w) {
         Tensor out;
         b.gpu_row(name, "compiled", bytes, [&] { out = w.call(w.in); });
+        GpuWorkload ro = gpu_workload(name, kiln::Mode::reduce_overhead);
+        Tensor out_ro;
+        b.gpu_row(name, "reduce_overhead", bytes, [&] { out_ro = ro.call(ro.in); });
+        check_close("gpu " + name + " reduce_overhead", out_ro.cpu(), out.cpu(), 1e-5);
         Row warm;
         warm.workload = name;
         warm.method = "warmstart";
@@ -646,12 +729,25 @@ void bench_gpu(Bench& b, const std::string& self) {
         b.record("sincos_scalar", "host", "cuda:0", Bench::gpu, 8, per_call, 0);
         check_close("gpu sincos", c.cpu(), y.cpu(), 1e-6);
     }
+    // GEMM rate (the roofline of the model rows): 8192^3 through kiln::matmul (cuBLASLt)
+    for (const auto& [gname, dt] : {std::pair{"gemm_bf16", kiln::DType::bf16}, std::pair{"gemm_f32", kiln::DType::f32}}) {
+        if (!want(gname)) continue;
+        const Tensor a = kiln::randn({8192, 8192}).to(dt).to(kiln::Device::cuda()), c = kiln::randn({8192, 8192}).to(dt).to(kiln::Device::cuda());
+        b.set_meta(gname, 2.0 * 8192.0 * 8192.0 * 8192.0, dt == kiln::DType::bf16 ? "bf16 (f32 accumulate)" : "f32 (no TF32)");
+        Tensor y;
+        b.gpu_row(gname, "matmul", 0, [&] { y = kiln::matmul(a, c); }, 10);
+    }
+    for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16"})
+        if (want(name)) model_rows(b, name, kiln::Device::cuda(), Bench::gpu, true);
     std::printf("\nGPU summary (%s)\n", props.name.c_str());
-    for (const char* wl : gpu_workloads) {
+    std::vector<const char*> all(std::begin(gpu_workloads), std::end(gpu_workloads));
+    for (const char* m : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16"}) all.push_back(m);
+    for (const char* wl : all) {
         const double e = b.median_us(wl, "eager", Bench::gpu), f = b.median_us(wl, "fused", Bench::gpu),
-                     c = b.median_us(wl, "compiled", Bench::gpu);
+                     c = b.median_us(wl, "compiled", Bench::gpu), r = b.median_us(wl, "reduce_overhead", Bench::gpu);
         if (c <= 0) continue;
-        std::printf("  %-13s compiled %.1f us, fused %.1f us, eager %.1f us: compiled %.1fx faster than eager\n", wl, c, f, e, e / c);
+        std::printf("  %-15s compiled %.1f us, reduce_overhead %.1f us, fused %.1f us, eager %.1f us: compiled %.1fx faster than eager\n",
+                    wl, c, r, f, e, e / c);
     }
 }
 
@@ -695,6 +791,7 @@ int main(int argc, char** argv) {
             bench_layernorm(b);
             bench_numpy_fn(b);
             bench_sincos_scalar(b);
+            bench_models(b);
             b.summary();
         }
         if (opt.gpu) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -47,6 +48,76 @@ struct LogCapture {
 };
 
 }  // namespace
+
+namespace {
+
+/// Traces fn over tensors like args into an optimized graph, plans it and lets the GEMM absorb
+/// its epilogues (as the CUDA backend does).
+template <class F>
+std::pair<kiln::ir::Graph, kiln::fuse::Plan> epilogue_plan(const std::vector<Tensor>& args, F&& fn) {
+    kiln::trace::Tracer tr(nullptr, true);
+    kiln::trace::ActiveScope scope(&tr);
+    std::vector<Tensor> in;
+    for (const Tensor& a : args) in.push_back(tr.input(a));
+    const std::vector<Tensor> outs = fn(in);
+    kiln::ir::Graph g = tr.graph();
+    for (const Tensor& o : outs) g.outputs.push_back(tr.node_of(o));
+    kiln::ir::Graph opt = kiln::passes::run_pipeline(g, {});
+    kiln::fuse::Plan plan = kiln::fuse::plan(opt);
+    kiln::fuse::absorb_matmul_epilogues(opt, plan);
+    return {std::move(opt), std::move(plan)};
+}
+
+/// The op name of node i (for readable checks).
+std::string op_name_of(const kiln::ir::Graph& g, int i) {
+    return i < 0 ? "" : std::string(kiln::ops::op_name(g[i].op));
+}
+
+}  // namespace
+
+TEST_CASE("fuser: a GEMM takes bias, relu and gelu_tanh epilogues and nothing else") {
+    using kiln::fuse::Group;
+    const Tensor x = kiln::randn({16, 32}), w = kiln::randn({32, 8}), b = kiln::randn({8}), b2 = kiln::randn({1, 8});
+    const Tensor x3 = kiln::randn({2, 16, 32}), full = kiln::randn({16, 8}), v = kiln::randn({32});
+    auto mm = [](const std::vector<Tensor>& a) { return kiln::matmul(a[0], a[1]); };
+    struct Case {
+        const char* what;
+        std::vector<Tensor> args;
+        std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn;
+        int kernels;             // after absorption
+        bool bias;               // the matmul group took the bias
+        const char* act;         // ... and this activation
+    };
+    const std::vector<Case> cases = {
+        {"gelu_tanh(x@w + b)", {x, w, b}, [&](const auto& a) { return std::vector{Tensor(kiln::gelu_tanh(mm(a) + a[2]))}; }, 1, true, "gelu_tanh"},
+        {"relu(b + x@w), bias (1, n)", {x, w, b2}, [&](const auto& a) { return std::vector{Tensor(kiln::relu(a[2] + mm(a)))}; }, 1, true, "relu"},
+        {"x@w + b", {x, w, b}, [&](const auto& a) { return std::vector{Tensor(mm(a) + a[2])}; }, 1, true, ""},
+        {"relu(x@w)", {x, w}, [&](const auto& a) { return std::vector{Tensor(kiln::relu(mm(a)))}; }, 1, false, "relu"},
+        {"batched gelu_tanh(x3@w + b)", {x3, w, b}, [&](const auto& a) { return std::vector{Tensor(kiln::gelu_tanh(mm(a) + a[2]))}; }, 1, true, "gelu_tanh"},
+        // not epilogues: a full matrix, a second use of the product, more work after the activation,
+        // a dtype change, a vector operand, and an activation the library lacks
+        {"x@w + full", {x, w, full}, [&](const auto& a) { return std::vector{Tensor(mm(a) + a[2])}; }, 2, false, ""},
+        {"x@w returned too", {x, w, b}, [&](const auto& a) { const Tensor m = mm(a); return std::vector{m, Tensor(m + a[2])}; }, 2, false, ""},
+        {"gelu_tanh(x@w + b) * 2", {x, w, b}, [&](const auto& a) { return std::vector{Tensor(kiln::gelu_tanh(mm(a) + a[2]) * 2.0)}; }, 2, false, ""},
+        {"x@w + b (f64 bias)", {x, w, b.to(DType::f64)}, [&](const auto& a) { return std::vector{Tensor(mm(a) + a[2])}; }, 2, false, ""},
+        {"x@v + b", {x, v, kiln::randn({16})}, [&](const auto& a) { return std::vector{Tensor(mm(a) + a[2])}; }, 2, false, ""},
+        {"sigmoid(x@w + b)", {x, w, b}, [&](const auto& a) { return std::vector{Tensor(kiln::sigmoid(mm(a) + a[2]))}; }, 2, false, ""},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.what);
+        const auto [g, plan] = epilogue_plan(c.args, c.fn);
+        CHECK(plan.kernels() == c.kernels);
+        const Group& M = plan.groups[0];
+        REQUIRE(M.kind == Group::Kind::matmul);
+        CHECK((M.bias >= 0) == c.bias);
+        CHECK(op_name_of(g, M.act) == c.act);
+        if (c.kernels == 1) {
+            CHECK(M.outputs == std::vector<int>{g.outputs[0]});
+            if (c.bias) CHECK(std::find(M.leaves.begin(), M.leaves.end(), M.bias) != M.leaves.end());
+            for (int j : M.nodes) CHECK(plan.group_of[static_cast<std::size_t>(j)] == 0);
+        }
+    }
+}
 
 TEST_CASE("kernel counts: a+b+c is 1, softmax 1, layer_norm 1, matmul+bias+gelu is the GEMM plus 1") {
     const Tensor a = kiln::randn({16, 32}), b = kiln::randn({32}), c = kiln::randn({16, 32});

@@ -16,6 +16,7 @@
 
 #include "kiln/backends/cpu/graph_exec.hpp"
 #include "kiln/backends/cuda/graph_exec.hpp"
+#include "kiln/backends/cuda/graphs.hpp"
 #include "kiln/cache/guards.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
@@ -39,6 +40,11 @@ enum class Dynamic : std::uint8_t {
     on,         ///< every dim symbolic from the first call (sizes 0 and 1 stay specialized)
     off,        ///< every new size recompiles
 };
+/// How a compiled program runs on a CUDA device.
+enum class Mode : std::uint8_t {
+    normal,           ///< launch each kernel of each call
+    reduce_overhead,  ///< replay each call as one CUDA graph (backends/cuda/graphs.hpp has the rules); the CPU ignores it
+};
 /// What happens when a function would compile more than Options::recompile_limit times.
 enum class Stance : std::uint8_t { fallback_eager, error };
 
@@ -50,6 +56,7 @@ using Executable = std::function<std::vector<Tensor>(const std::vector<Tensor>&)
 
 struct Options {
     Backend backend = Backend::fused;
+    Mode mode = Mode::normal;
     Dynamic dynamic = Dynamic::automatic;
     int recompile_limit = 8;
     Stance stance = Stance::fallback_eager;
@@ -216,8 +223,18 @@ inline void refresh_row_spaces(const ir::Graph& g, fuse::Plan& p) {
                 }
 }
 
-/// The backend's executable for an optimized graph (device: a CUDA device index, or -1 for the CPU).
+inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device);
+
+/// The backend's executable for an optimized graph (device: a CUDA device index, or -1 for the CPU),
+/// replayed as CUDA graphs under Mode::reduce_overhead.
 inline Executable make_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device = -1) {
+    Executable e = make_backend_executable(g, opt, kernels, dynamic, device);
+    if (device < 0 || opt.mode != Mode::reduce_overhead) return e;
+    auto replay = std::make_shared<cuda::detail::GraphReplay>(std::move(e), device);
+    return [replay](const std::vector<Tensor>& in) { return (*replay)(in); };
+}
+
+inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device) {
     if (opt.backend == Backend::custom) {
         if (!opt.custom_backend) throw ValueError("kiln::compile: Backend::custom needs Options::custom_backend");
         kernels = 0;
@@ -252,6 +269,7 @@ inline Executable make_executable(const ir::Graph& g, const Options& opt, int& k
         };
     }
     plan = fuse::plan(g, opt.limits);
+    if (device >= 0) fuse::absorb_matmul_epilogues(g, plan);  // cuBLASLt applies bias, relu and gelu_tanh
     kernels = plan.kernels();
     if (debug::log_on("fusion")) {
         std::ostringstream s;

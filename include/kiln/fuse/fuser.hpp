@@ -24,6 +24,8 @@ struct Group {
     Shape space;               ///< row: the iteration shape the rows live in
     unsigned mask = 0;         ///< row: the reduced axes of `space`
     DType ct = DType::f32;     ///< row: the compute type of every member
+    int bias = -1;             ///< matmul: the leaf added as a per-column bias by the library's epilogue
+    int act = -1;              ///< matmul: the activation node the library's epilogue applies last
 
     bool is_kernel() const { return kind != Kind::view; }
 };
@@ -292,6 +294,76 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         G.leaves.erase(std::unique(G.leaves.begin(), G.leaves.end()), G.leaves.end());
     }
     return p;
+}
+
+/// Whether node `act` is an activation a GEMM library applies as an epilogue (relu, gelu_tanh).
+inline bool is_epilogue_activation(const ir::Graph& g, int act) {
+    const ir::Node& n = g[act];
+    return n.kind == ir::Kind::elementwise && (n.op == ops::op_id<ops::Relu> || n.op == ops::op_id<ops::GeluTanh>);
+}
+
+/// For backends whose GEMM applies epilogues (cuBLASLt): an elementwise group that is exactly
+/// `act(matmul + bias)`, `matmul + bias` or `act(matmul)` over a matmul read by nothing else, with
+/// `bias` one value per output column and no dtype change, moves into the matmul group, which then
+/// writes the activation's value: one library call, no kernel. Other epilogues stay one kernel.
+inline void absorb_matmul_epilogues(const ir::Graph& g, Plan& p) {
+    auto sz = [](int i) { return static_cast<std::size_t>(i); };
+    const int N = g.size();
+    std::vector<std::vector<int>> users(sz(N));
+    for (int i = 0; i < N; ++i)
+        for (int j : g[i].in) users[sz(j)].push_back(i);
+    std::vector<char> is_output(sz(N), 0);
+    for (int o : g.outputs) is_output[sz(o)] = 1;
+    auto only_user = [&](int i) { return !is_output[sz(i)] && users[sz(i)].size() == 1 ? users[sz(i)][0] : -1; };
+    std::vector<char> drop(p.groups.size(), 0);
+    for (std::size_t k = 0; k < p.groups.size(); ++k) {
+        Group& M = p.groups[k];
+        if (M.kind != Group::Kind::matmul) continue;
+        const int m = M.outputs[0];
+        const ir::Node& mn = g[m];
+        if (g[mn.in[0]].shape.rank() < 2 || g[mn.in[1]].shape.rank() < 2) continue;  // vector operands: no columns
+        const std::int64_t n = mn.shape[mn.shape.rank() - 1];
+        int u = only_user(m);
+        if (u < 0 || g[u].kind != ir::Kind::elementwise || g[u].dtype != mn.dtype) continue;
+        const int e = p.group_of[sz(u)];
+        if (e < 0 || p.groups[sz(e)].kind != Group::Kind::elementwise) continue;
+        std::vector<int> chain{u};
+        int bias = -1;
+        if (g[u].op == ops::op_id<ops::Add> && g[u].shape == mn.shape) {
+            const int other = g[u].in[0] == m ? g[u].in[1] : g[u].in[0];
+            const ir::Node& bn = g[other];
+            bool per_column = bn.kind != ir::Kind::scalar && p.materialized[sz(other)] && bn.dtype == mn.dtype &&
+                              bn.shape.rank() >= 1 && bn.shape[bn.shape.rank() - 1] == n && g[u].in[0] != g[u].in[1] &&
+                              p.group_of[sz(other)] < static_cast<int>(k);  // computed before the GEMM runs
+            for (int d = 0; per_column && d + 1 < bn.shape.rank(); ++d) per_column = bn.shape[d] == 1;
+            if (!per_column) continue;
+            bias = other;
+            const int v = only_user(u);
+            if (v >= 0 && p.group_of[sz(v)] == e && is_epilogue_activation(g, v) && g[v].dtype == mn.dtype) chain.push_back(v);
+        } else if (!is_epilogue_activation(g, u)) {
+            continue;
+        }
+        const Group& E = p.groups[sz(e)];
+        if (E.nodes != chain || E.outputs.size() != 1 || E.outputs[0] != chain.back()) continue;
+        M.bias = bias;
+        M.act = is_epilogue_activation(g, chain.back()) ? chain.back() : -1;
+        M.nodes.insert(M.nodes.end(), chain.begin(), chain.end());
+        M.outputs = {chain.back()};
+        if (bias >= 0) {
+            M.leaves.push_back(bias);
+            std::sort(M.leaves.begin(), M.leaves.end());
+        }
+        p.materialized[sz(m)] = 0;
+        drop[sz(e)] = 1;
+    }
+    // renumber: the absorbed groups go, node -> group follows
+    std::vector<Group> kept;
+    for (std::size_t k = 0; k < p.groups.size(); ++k)
+        if (!drop[k]) kept.push_back(std::move(p.groups[k]));
+    p.groups = std::move(kept);
+    std::fill(p.group_of.begin(), p.group_of.end(), -1);
+    for (std::size_t k = 0; k < p.groups.size(); ++k)
+        for (int j : p.groups[k].nodes) p.group_of[sz(j)] = static_cast<int>(k);
 }
 
 }  // namespace kiln::fuse

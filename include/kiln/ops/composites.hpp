@@ -15,12 +15,6 @@ template <Operand X> auto gelu(const X& x) {
     return x * 0.5 * (1.0 + erf(x * (1.0 / std::numbers::sqrt2)));
 }
 
-/// GELU, tanh approximation (torch's approximate='tanh').
-template <Operand X> auto gelu_tanh(const X& x) {
-    constexpr double k = 0.7978845608028654;  // sqrt(2 / pi)
-    return x * 0.5 * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
-}
-
 /// x * sigmoid(x).
 template <Operand X> auto silu(const X& x) { return x * sigmoid(x); }
 

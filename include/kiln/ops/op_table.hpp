@@ -111,6 +111,18 @@ struct Sigmoid : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "sigmoid", cuda = "(1 / (1 + exp(-({0}))))";
     template <class V> static V eval(V x) { return kiln::detail::simd::sigmoid(x); }
 };
+/// GELU, tanh approximation (torch's approximate='tanh'): x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+/// computed as x * sigmoid(2u) (the same value; no cancellation in 1 + tanh(u) for negative x).
+/// A primitive rather than a composite so that a matmul's backend can take it as its epilogue.
+struct GeluTanh : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "gelu_tanh",
+                                      cuda = "kiln_gelu_tanh({0})";
+    template <class V> static V eval(V x) {
+        using S = detail::scalar_of<V>;
+        const V z = V(S(1.5957691216057308)) * (x + V(S(0.044715)) * x * x * x);  // 2 sqrt(2/pi) (x + 0.044715 x^3)
+        return x * kiln::detail::simd::sigmoid(z);
+    }
+};
 struct Relu : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "relu", cuda = "relu({0})";
     template <class V> static V eval(V x) { return kiln::detail::simd::relu(x); }
@@ -251,7 +263,7 @@ template <class... Ops> struct OpList {
 };
 
 /// Every primitive elementwise op. Adding one: a struct above and an entry here.
-using ElementwiseOps = OpList<Neg, Abs, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Sigmoid, Relu,
+using ElementwiseOps = OpList<Neg, Abs, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Sigmoid, GeluTanh, Relu,
                               Floor, Ceil, Round, Sign, Reciprocal, LogicalNot, Cast, Add, Sub, Mul, Div, Pow, Maximum,
                               Minimum, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, Where>;
 

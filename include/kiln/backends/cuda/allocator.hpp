@@ -1,6 +1,7 @@
 // Device memory: a caching allocator per CUDA device, binned by (stream, size class), with statistics.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -130,6 +131,14 @@ public:
         release_cached_locked();
     }
 
+    /// Reserves (or gives back) the cached blocks of `stream`: a CUDA graph captured there keeps
+    /// using the memory its capture freed, so empty_cache() and out-of-memory retries leave them.
+    void reserve_stream(CUstream stream, bool reserve) {
+        std::lock_guard lock(mutex_);
+        if (reserve) reserved_.push_back(key_of(stream));
+        else std::erase(reserved_, key_of(stream));
+    }
+
     DeviceMemoryStats stats() const {
         std::lock_guard lock(mutex_);
         return stats_;
@@ -157,14 +166,18 @@ private:
         if (free_.empty()) return;
         const Driver& d = driver();
         check(d.ctx_synchronize(), "cuCtxSynchronize");  // throws with the bins untouched
-        for (auto& [key, blocks] : free_) {
-            for (void* p : blocks) {
+        for (auto it = free_.begin(); it != free_.end();) {
+            if (std::find(reserved_.begin(), reserved_.end(), it->first.first) != reserved_.end()) {
+                ++it;  // a live CUDA graph still uses these
+                continue;
+            }
+            for (void* p : it->second) {
                 d.mem_free(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)));  // nothing to do on failure
                 ++stats_.driver_frees;
-                stats_.bytes_cached -= key.second;
+                stats_.bytes_cached -= it->first.second;
             }
+            it = free_.erase(it);
         }
-        free_.clear();
     }
 
     std::string oom_message(std::size_t nbytes, std::size_t size) const {
@@ -182,6 +195,7 @@ private:
     mutable std::mutex mutex_;
     std::unordered_map<void*, Block> live_;
     std::map<std::pair<std::uintptr_t, std::size_t>, std::vector<void*>> free_;  // (stream, size) -> blocks
+    std::vector<std::uintptr_t> reserved_;  // streams whose blocks CUDA graphs hold (reserve_stream)
     DeviceMemoryStats stats_;
 };
 

@@ -149,6 +149,10 @@ template <class T> __device__ __forceinline__ bool kiln_tobool(T x) { return x !
 template <class T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : (b != b) ? b : (a > b ? a : b); }
 template <class T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : (b != b) ? b : (a < b ? a : b); }
 template <class T> __device__ __forceinline__ T relu(T x) { return x < T(0) ? T(0) : x; }  // NaN and -0 pass, as on the CPU
+template <class T> __device__ __forceinline__ T kiln_gelu_tanh(T x) {  // x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), as on the CPU
+  const T z = T(1.5957691216057308) * (x + T(0.044715) * x * x * x);
+  return x * (T(1) / (T(1) + exp(-z)));
+}
 template <class T> __device__ __forceinline__ T sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
 __device__ __forceinline__ int floor(int x) { return x; }
 __device__ __forceinline__ long long floor(long long x) { return x; }

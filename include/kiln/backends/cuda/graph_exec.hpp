@@ -28,6 +28,7 @@
 namespace kiln::cuda {
 // Defined in backends/cuda/matmul.hpp (which needs the copy ops that include this file).
 Tensor matmul(const Tensor& a, const Tensor& b, Epilogue epi, const Tensor* bias, std::source_location loc);
+Tensor& matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Epilogue epi, const Tensor* bias, std::source_location loc);
 }  // namespace kiln::cuda
 
 namespace kiln::cuda::detail {
@@ -555,10 +556,7 @@ public:
                 case fuse::Group::Kind::reduce: run_reduce(g, G, vals, device_, *memos_[2 * k], *memos_[2 * k + 1], L); break;
                 case fuse::Group::Kind::matmul: {
                     L.flush();  // cuBLASLt queues its kernels behind everything before it
-                    const ir::Node& n = g[G.outputs[0]];
-                    vals[static_cast<std::size_t>(G.outputs[0])] =
-                        kiln::cuda::matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])],
-                                           Epilogue::none, nullptr, n.loc);
+                    run_matmul_group(g, G, vals);
                     break;
                 }
                 case fuse::Group::Kind::view: {
@@ -587,6 +585,27 @@ public:
     }
 
 private:
+    /// A matmul group: the GEMM with the epilogue the fuser gave it (bias, relu, gelu_tanh), into
+    /// the output's memory when the caller supplied it.
+    static void run_matmul_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
+        const ir::Node& mm = g[G.nodes[0]];
+        const bool gelu = G.act >= 0 && g[G.act].op == ops::op_id<ops::GeluTanh>;
+        const Epilogue epi = G.bias >= 0 ? (G.act < 0 ? Epilogue::bias : gelu ? Epilogue::bias_gelu_tanh : Epilogue::bias_relu)
+                                         : (G.act < 0 ? Epilogue::none : gelu ? Epilogue::gelu_tanh : Epilogue::relu);
+        Tensor bias;
+        if (G.bias >= 0) {
+            const Tensor& b = vals[static_cast<std::size_t>(G.bias)];
+            bias = b.contiguous().view({b.size(-1)});
+        }
+        const Tensor& a = vals[static_cast<std::size_t>(mm.in[0])];
+        const Tensor& b = vals[static_cast<std::size_t>(mm.in[1])];
+        Tensor& out = vals[static_cast<std::size_t>(G.outputs[0])];
+        if (out.defined() && out.is_contiguous())
+            kiln::cuda::matmul_out(out, a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
+        else
+            out = kiln::cuda::matmul(a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
+    }
+
     ir::Graph g_;
     fuse::Plan plan_;
     int device_;

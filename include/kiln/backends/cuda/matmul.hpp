@@ -179,10 +179,21 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
             gemm(p, za.data_ptr(), zb.data_ptr(), c3.data_ptr(), bias_t.data_ptr(), index, stream);
         }
     } else {
-        const Tensor a3 = gemm_view(a.to(dt, loc), sa, nb, m, k);
-        const Tensor b3 = gemm_view(b.to(dt, loc), sb, nb, k, n);
-        const GemmProblem p = make_gemm_problem(a3, b3, c3, epi, tf32);
-        gemm(p, a3.data_ptr(), b3.data_ptr(), c3.data_ptr(), bias ? bias_t.data_ptr() : nullptr, index, stream);
+        const Tensor ad = a.to(dt, loc);
+        Tensor a3, b3, cg = c3;
+        Strides st;
+        if (nb > 1 && b.rank() == 2 && kiln::detail::view_strides(ad.shape(), ad.strides(), Shape{nb * m, k}, st) &&
+            gemm_operand(Tensor(ad.storage(), ad.offset(), Shape{1, nb * m, k}, Strides{0, st[0], st[1]}, dt))) {
+            // (..., m, k) @ (k, n) with a's batch dims merging into its rows: one GEMM of nb*m rows
+            a3 = Tensor(ad.storage(), ad.offset(), Shape{1, nb * m, k}, Strides{0, st[0], st[1]}, dt);
+            b3 = gemm_view(b.to(dt, loc), Shape{k, n}, 1, k, n);
+            cg = Tensor(c3.storage(), c3.offset(), Shape{1, nb * m, n}, contiguous_strides(Shape{1, nb * m, n}), dt);
+        } else {
+            a3 = gemm_view(ad, sa, nb, m, k);
+            b3 = gemm_view(b.to(dt, loc), sb, nb, k, n);
+        }
+        const GemmProblem p = make_gemm_problem(a3, b3, cg, epi, tf32);
+        gemm(p, a3.data_ptr(), b3.data_ptr(), cg.data_ptr(), bias ? bias_t.data_ptr() : nullptr, index, stream);
     }
     if (out) return *out;
     Shape sc = batch;

@@ -1,0 +1,264 @@
+// nn blocks: each checked against a float64 reference written with loops, called directly and
+// under kiln::compile, plus parameters (state_dict, load_state) and their errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <kiln/kiln.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace kiln;
+
+double max_rel(const Tensor& a_in, const Tensor& b_in) {
+    const Tensor a = a_in.cpu().to(DType::f64).contiguous(), b = b_in.cpu().to(DType::f64).contiguous();
+    REQUIRE(a.shape() == b.shape());
+    double m = 0, scale = 1e-30;
+    for (std::int64_t i = 0; i < b.numel(); ++i) scale = std::max(scale, std::abs(b.data<double>()[i]));
+    for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.data<double>()[i] - b.data<double>()[i]));
+    return m / scale;
+}
+
+std::string message_of(auto&& fn) {
+    try {
+        fn();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+/// x (.., in) @ w^T + b in float64 with loops.
+std::vector<double> ref_linear(const std::vector<double>& x, std::int64_t rows, std::int64_t in, const Tensor& w, const Tensor& b) {
+    const std::int64_t out = w.size(0);
+    std::vector<double> y(static_cast<std::size_t>(rows * out));
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t o = 0; o < out; ++o) {
+            double s = b.defined() ? b.item<double>(o) : 0.0;
+            for (std::int64_t i = 0; i < in; ++i) s += x[static_cast<std::size_t>(r * in + i)] * w.item<double>(o * in + i);
+            y[static_cast<std::size_t>(r * out + o)] = s;
+        }
+    return y;
+}
+
+std::vector<double> values(const Tensor& t) {
+    const Tensor c = t.cpu().to(DType::f64).contiguous();
+    return {c.data<double>(), c.data<double>() + c.numel()};
+}
+
+Tensor from(const std::vector<double>& v, const Shape& s) {
+    Tensor t = zeros(s, DType::f64);
+    std::copy(v.begin(), v.end(), t.data<double>());
+    return t;
+}
+
+void ref_layer_norm(std::vector<double>& x, std::int64_t rows, std::int64_t n, const nn::LayerNorm& ln) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+        double mu = 0, var = 0;
+        for (std::int64_t i = 0; i < n; ++i) mu += x[static_cast<std::size_t>(r * n + i)];
+        mu /= static_cast<double>(n);
+        for (std::int64_t i = 0; i < n; ++i) var += std::pow(x[static_cast<std::size_t>(r * n + i)] - mu, 2);
+        var /= static_cast<double>(n);
+        for (std::int64_t i = 0; i < n; ++i) {
+            double& v = x[static_cast<std::size_t>(r * n + i)];
+            v = (v - mu) / std::sqrt(var + ln.eps) * ln.weight.item<double>(i) + ln.bias.item<double>(i);
+        }
+    }
+}
+
+double ref_gelu_tanh(double v) { return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }
+
+/// Multi-head self-attention in float64: x (B, S, E); keep(b, i, j) false masks a position out.
+std::vector<double> ref_mha(const Tensor& x, const nn::MultiheadAttention& m, const std::vector<char>& keep) {
+    const std::int64_t B = x.size(0), S = x.size(1), E = x.size(2), H = m.num_heads, D = E / H;
+    const std::vector<double> qkv = ref_linear(values(x), B * S, E, m.in_proj_weight, m.in_proj_bias);
+    std::vector<double> a(static_cast<std::size_t>(B * S * E));
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < S; ++i) {
+                std::vector<double> p(static_cast<std::size_t>(S));
+                double mx = -INFINITY;
+                for (std::int64_t j = 0; j < S; ++j) {
+                    double s = 0;
+                    for (std::int64_t d = 0; d < D; ++d)
+                        s += qkv[static_cast<std::size_t>((b * S + i) * 3 * E + h * D + d)] *
+                             qkv[static_cast<std::size_t>((b * S + j) * 3 * E + E + h * D + d)];
+                    s /= std::sqrt(static_cast<double>(D));
+                    if (!keep.empty() && !keep[static_cast<std::size_t>((b * S + i) * S + j)]) s = -INFINITY;
+                    p[static_cast<std::size_t>(j)] = s;
+                    mx = std::max(mx, s);
+                }
+                double z = 0;
+                for (auto& v : p) z += (v = std::exp(v - mx));
+                for (std::int64_t d = 0; d < D; ++d) {
+                    double o = 0;
+                    for (std::int64_t j = 0; j < S; ++j)
+                        o += p[static_cast<std::size_t>(j)] / z * qkv[static_cast<std::size_t>((b * S + j) * 3 * E + 2 * E + h * D + d)];
+                    a[static_cast<std::size_t>((b * S + i) * E + h * D + d)] = o;
+                }
+            }
+    return ref_linear(a, B * S, E, m.out_proj.weight, m.out_proj.bias);
+}
+
+}  // namespace
+
+TEST_CASE("nn::Linear and nn::linear: bias, activations, layouts, errors") {
+    manual_seed(11);
+    const Tensor x = randn({3, 5, 16});
+    for (nn::Act act : {nn::Act::none, nn::Act::relu, nn::Act::gelu_tanh}) {
+        for (bool bias : {true, false}) {
+            const nn::Linear lin(16, 24, bias, act);
+            std::vector<double> ref = ref_linear(values(x), 15, 16, lin.weight, lin.bias);
+            for (double& v : ref) v = act == nn::Act::relu ? std::max(v, 0.0) : act == nn::Act::gelu_tanh ? ref_gelu_tanh(v) : v;
+            CHECK(max_rel(lin(x), from(ref, {3, 5, 24})) < 1e-6);
+            auto f = compile([&](const Tensor& t) { return lin(t); });
+            CHECK(max_rel(f(x), from(ref, {3, 5, 24})) < 1e-6);
+        }
+    }
+    const nn::Linear lin(16, 24);
+    CHECK_THROWS_AS(lin(randn({4, 15})), ShapeError);
+    const std::string m = message_of([&] { lin(randn({4, 15})); });
+    CHECK(m.find("in_features = 16") != std::string::npos);
+    CHECK(m.find("test_nn.cpp") != std::string::npos);
+    CHECK_THROWS_AS(nn::linear(x, randn({24}), {}), ShapeError);
+    CHECK_THROWS_AS(nn::linear(x, randn({24, 16}), randn({23})), ShapeError);
+}
+
+TEST_CASE("nn::MultiheadAttention matches a float64 reference, with and without masks") {
+    manual_seed(12);
+    const std::int64_t B = 2, S = 7, E = 16, H = 4;
+    const nn::MultiheadAttention mha(E, H);
+    const Tensor x = randn({B, S, E});
+    CHECK(max_rel(mha(x), from(ref_mha(x, mha, {}), {B, S, E})) < 1e-5);
+    // a causal bool mask (true = attend), and the same as an additive float mask
+    Tensor keep = zeros({S, S}, DType::boolean);
+    std::vector<char> keep_v(static_cast<std::size_t>(B * S * S));
+    for (std::int64_t i = 0; i < S; ++i)
+        for (std::int64_t j = 0; j < S; ++j) {
+            keep.at<bool>({i, j}) = j <= i;
+            for (std::int64_t b = 0; b < B; ++b) keep_v[static_cast<std::size_t>((b * S + i) * S + j)] = j <= i;
+        }
+    const Tensor ref = from(ref_mha(x, mha, keep_v), {B, S, E});
+    CHECK(max_rel(mha(x, keep), ref) < 1e-5);
+    const Tensor additive = Tensor(where(keep, 0.0, -INFINITY));
+    CHECK(max_rel(mha(x, additive), ref) < 1e-5);
+    auto f = compile([&](const Tensor& t, const Tensor& mk) { return mha(t, mk); });
+    CHECK(max_rel(f(x, keep), ref) < 1e-5);
+    CHECK_THROWS_AS(mha(randn({B, S, E + 1})), ShapeError);
+    CHECK_THROWS_AS(nn::MultiheadAttention(10, 3), ShapeError);
+}
+
+TEST_CASE("nn::BertLayer: direct, compiled and float64 agree; compiled is one graph of few kernels") {
+    manual_seed(13);
+    const std::int64_t B = 2, S = 6, E = 16, H = 2, F = 32;
+    const nn::BertLayer layer(E, H, F);
+    const Tensor x = randn({B, S, E});
+    // float64 reference
+    std::vector<double> h = ref_mha(x, layer.self_attn, {});
+    const std::vector<double> xv = values(x);
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] += xv[i];
+    ref_layer_norm(h, B * S, E, layer.norm1);
+    std::vector<double> f1 = ref_linear(h, B * S, E, layer.linear1.weight, layer.linear1.bias);
+    for (double& v : f1) v = ref_gelu_tanh(v);
+    std::vector<double> y = ref_linear(f1, B * S, F, layer.linear2.weight, layer.linear2.bias);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] += h[i];
+    ref_layer_norm(y, B * S, E, layer.norm2);
+    const Tensor ref = from(y, {B, S, E});
+
+    CHECK(max_rel(layer(x), ref) < 1e-5);
+    auto f = compile([&](const Tensor& t) { return layer(t); });
+    CHECK(max_rel(f(x), ref) < 1e-5);
+    CHECK(f.graph_breaks().empty());
+    // 6 GEMMs (qkv, scores, context, out_proj, linear1, linear2), the softmax row kernel, two
+    // residual layer norms, the bias adds and the gelu (and copies of non-contiguous views)
+    MESSAGE("bert layer, compiled on the CPU: " << f.kernels() << " kernels");
+    CHECK(f.kernels() <= 14);
+    // another batch size reuses the program with dims made dynamic
+    const Tensor x2 = randn({3, S, E});
+    CHECK(max_rel(f(x2), layer(x2)) < 1e-5);
+}
+
+TEST_CASE("nn::Mlp, GELU, ReLU, Dropout, LayerNorm") {
+    manual_seed(14);
+    const nn::Mlp mlp(8, 32, 8);
+    const Tensor x = randn({4, 8});
+    std::vector<double> hdn = ref_linear(values(x), 4, 8, mlp.fc1.weight, mlp.fc1.bias);
+    for (double& v : hdn) v = ref_gelu_tanh(v);
+    const Tensor ref = from(ref_linear(hdn, 4, 32, mlp.fc2.weight, mlp.fc2.bias), {4, 8});
+    CHECK(max_rel(mlp(x), ref) < 1e-6);
+    CHECK(max_rel(compile([&](const Tensor& t) { return mlp(t); })(x), ref) < 1e-6);
+    CHECK(max_rel(nn::GELU{}(x), Tensor(gelu(x))) == 0);
+    CHECK(max_rel(nn::GELU{true}(x), Tensor(gelu_tanh(x))) == 0);
+    CHECK(max_rel(nn::ReLU{}(x), Tensor(relu(x))) == 0);
+    CHECK(nn::Dropout{0.5}(x).is_same(x));
+    nn::LayerNorm ln(8, 1e-6);
+    ln.weight = randn({8});
+    ln.bias = randn({8});
+    std::vector<double> lv = values(x);
+    ref_layer_norm(lv, 4, 8, ln);
+    CHECK(max_rel(ln(x), from(lv, {4, 8})) < 1e-5);
+}
+
+TEST_CASE("nn::Embedding: rows by id, any id shape, errors, and under compile (a graph break)") {
+    manual_seed(15);
+    const nn::Embedding emb(10, 6);
+    Tensor ids = zeros({2, 3}, DType::i64);
+    const std::int64_t pick[] = {3, 0, 9, 9, 4, 1};
+    for (int i = 0; i < 6; ++i) ids.data<std::int64_t>()[i] = pick[i];
+    const Tensor e = emb(ids);
+    CHECK(e.shape() == Shape{2, 3, 6});
+    for (int i = 0; i < 6; ++i)
+        for (int c = 0; c < 6; ++c) CHECK(e.item<double>(i * 6 + c) == emb.weight.item<double>(pick[i] * 6 + c));
+    CHECK(max_rel(emb(ids.to(DType::i32)), e) == 0);
+    ids.data<std::int64_t>()[4] = 10;
+    const std::string m = message_of([&] { emb(ids); });
+    CHECK(m.find("id 10 is out of range for an embedding of 10 rows") != std::string::npos);
+    CHECK_THROWS_AS(emb(ids), ValueError);
+    CHECK_THROWS_AS(emb(zeros({3})), DTypeError);
+    ids.data<std::int64_t>()[4] = 4;
+    // under compile: the gather runs between two graph segments, the rest stays compiled
+    auto f = compile([&](const Tensor& i) { return Tensor(emb(i) * 2.0 + 1.0); });
+    CHECK(max_rel(f(ids), Tensor(e * 2.0 + 1.0)) == 0);
+    CHECK(f.graph_breaks().size() == 1);
+    ids.data<std::int64_t>()[0] = 7;
+    CHECK(max_rel(f(ids), Tensor(emb(ids) * 2.0 + 1.0)) == 0);
+    CHECK_THROWS_AS(compile([&](const Tensor& i) { return emb(i); }, {.fullgraph = true})(ids), GraphBreakError);
+}
+
+TEST_CASE("nn parameters: state_dict names, load_state round trip and its errors, dtype moves") {
+    manual_seed(16);
+    nn::BertLayer a(16, 2, 32), b(16, 2, 32);
+    const auto sd = nn::state_dict(a);
+    const std::vector<std::string> names = {"linear1.bias", "linear1.weight", "linear2.bias", "linear2.weight",
+                                            "norm1.bias", "norm1.weight", "norm2.bias", "norm2.weight",
+                                            "self_attn.in_proj_bias", "self_attn.in_proj_weight",
+                                            "self_attn.out_proj.bias", "self_attn.out_proj.weight"};
+    std::vector<std::string> got;
+    for (const auto& [n, t] : sd) got.push_back(n);
+    CHECK(got == names);
+    const Tensor x = randn({2, 5, 16});
+    CHECK(max_rel(a(x), b(x)) > 1e-3);
+    nn::load_state(b, sd);
+    CHECK(max_rel(a(x), b(x)) == 0);
+
+    auto missing = sd;
+    missing.erase("norm2.bias");
+    CHECK(message_of([&] { nn::load_state(b, missing); }).find("missing parameter(s): 'norm2.bias'") != std::string::npos);
+    auto extra = sd;
+    extra.emplace("pooler.weight", zeros({2}));
+    CHECK(message_of([&] { nn::load_state(b, extra); }).find("unexpected parameter(s): 'pooler.weight'") != std::string::npos);
+    CHECK_NOTHROW(nn::load_state(b, extra, /*strict=*/false));
+    auto wrong = sd;
+    wrong["linear1.weight"] = zeros({16, 32});
+    const std::string m = message_of([&] { nn::load_state(b, wrong); });
+    CHECK(m.find("'linear1.weight' has shape (32, 16) but the loaded tensor has shape (16, 32)") != std::string::npos);
+    CHECK_THROWS_AS(nn::load_state(b, wrong), ShapeError);
+
+    // bf16 parameters: loaded values are converted to the parameter's dtype
+    nn::BertLayer c(16, 2, 32);
+    nn::to(c, DType::bf16);
+    nn::load_state(c, sd);
+    CHECK(c.linear1.weight.dtype() == DType::bf16);
+    CHECK(max_rel(c(x.to(DType::bf16)), a(x)) < 5e-2);
+}
