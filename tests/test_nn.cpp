@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <unistd.h>
 #include <kiln/kiln.hpp>
 #include <string>
 #include <vector>
@@ -261,4 +263,18 @@ TEST_CASE("nn parameters: state_dict names, load_state round trip and its errors
     nn::load_state(c, sd);
     CHECK(c.linear1.weight.dtype() == DType::bf16);
     CHECK(max_rel(c(x.to(DType::bf16)), a(x)) < 5e-2);
+}
+
+TEST_CASE("nn parameters: a module saved to safetensors loads into another (load_state over load_safetensors)") {
+    manual_seed(17);
+    nn::BertLayer a(16, 2, 32), b(16, 2, 32);
+    const auto path = std::filesystem::temp_directory_path() / ("kiln_test_nn_" + std::to_string(::getpid()) + ".safetensors");
+    nn::save_safetensors(path, nn::state_dict(a), {{"format", "kiln"}});
+    nn::load_state(b, nn::load_safetensors(path));
+    const Tensor x = randn({2, 5, 16});
+    CHECK(max_rel(a(x), b(x)) == 0);
+    // a file of another model's shapes names the parameter and both shapes
+    nn::BertLayer wide(32, 2, 32);
+    CHECK_THROWS_AS(nn::load_state(wide, nn::load_safetensors(path)), ShapeError);
+    std::filesystem::remove(path);
 }

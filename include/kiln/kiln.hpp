@@ -15,6 +15,7 @@
 #include "kiln/core/tensor.hpp"
 #include "kiln/expr/evaluate.hpp"
 #include "kiln/interop/eigen.hpp"
+#include "kiln/nn/io.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/copy.hpp"
