@@ -500,6 +500,23 @@ Model make_model(const std::string& name, kiln::Device dev) {
         m.x = kiln::randn({64, 1024}).to(dt).to(dev);
         m.flops = 2.0 * 64 * (1024.0 * 4096 * 2);
         m.fn = [mod](const Tensor& t) { return (*mod)(t); };
+    } else if (name.starts_with("resnet18")) {
+        // ResNet-18 at inference, BatchNorm folded into the convolutions, f32 without TF32
+        auto mod = std::make_shared<kiln::nn::ResNet18>(1000, init);
+        mod->fold();
+        const std::int64_t batch = dev.is_cuda() ? 16 : 2;
+        m.x = kiln::randn({batch, 3, 224, 224}).to(dt).to(dev);
+        // multiply-adds of every conv and the fc, from the shapes (the downsample 1x1 convs included)
+        double macs = 112.0 * 112 * 64 * 3 * 49;
+        const std::int64_t hw[] = {56, 28, 14, 7};
+        for (int st = 0; st < 4; ++st) {
+            const double c = 64 << st, s2 = static_cast<double>(hw[st]) * hw[st];
+            macs += s2 * c * (st == 0 ? c : c / 2) * 9 + 3 * s2 * c * c * 9;
+            if (st > 0) macs += s2 * c * (c / 2);
+        }
+        macs += 512.0 * 1000;
+        m.flops = 2.0 * macs * static_cast<double>(batch);
+        m.fn = [mod](const Tensor& t) { return (*mod)(t); };
     } else {
         const std::int64_t B = 8, S = 128, E = 768, H = 12, F = 3072;
         auto mod = std::make_shared<kiln::nn::BertLayer>(E, H, F, 1e-5, init);
@@ -513,6 +530,14 @@ Model make_model(const std::string& name, kiln::Device dev) {
 /// The rows of one model workload on the CPU (threads > 0) or the GPU (threads == Bench::gpu).
 void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads, bool gpu) {
     Model m = make_model(name, dev);
+    // resnet18 on the GPU compares with torch's default there: TF32 convolutions
+    const bool tf32 = gpu && name == "resnet18";
+    if (tf32) m.math = "f32, TF32 GEMMs (as torch's default TF32 convolutions)";
+    struct Tf32Scope {
+        bool on;
+        explicit Tf32Scope(bool o) : on(o) { if (on) kiln::cuda::set_allow_tf32(true); }
+        ~Tf32Scope() { if (on) kiln::cuda::set_allow_tf32(false); }
+    } tf32_scope(tf32);
     b.set_meta(name, m.flops, m.math);
     auto eager = kiln::compile(m.fn, {.backend = kiln::Backend::graph});
     auto compiled = kiln::compile(m.fn);
@@ -538,7 +563,7 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
 }
 
 void bench_models(Bench& b) {
-    for (const char* name : {"mlp_f32", "bert_layer_f32"})
+    for (const char* name : {"mlp_f32", "bert_layer_f32", "resnet18"})  // resnet18 on the CPU: batch 2
         if (b.wanted(name)) model_rows(b, name, kiln::Device::cpu(), b.options().max_threads, false);
 }
 
@@ -737,11 +762,11 @@ void bench_gpu(Bench& b, const std::string& self) {
         Tensor y;
         b.gpu_row(gname, "matmul", 0, [&] { y = kiln::matmul(a, c); }, 10);
     }
-    for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16"})
+    for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"})
         if (want(name)) model_rows(b, name, kiln::Device::cuda(), Bench::gpu, true);
     std::printf("\nGPU summary (%s)\n", props.name.c_str());
     std::vector<const char*> all(std::begin(gpu_workloads), std::end(gpu_workloads));
-    for (const char* m : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16"}) all.push_back(m);
+    for (const char* m : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"}) all.push_back(m);
     for (const char* wl : all) {
         const double e = b.median_us(wl, "eager", Bench::gpu), f = b.median_us(wl, "fused", Bench::gpu),
                      c = b.median_us(wl, "compiled", Bench::gpu), r = b.median_us(wl, "reduce_overhead", Bench::gpu);

@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 export KILN_CACHE_DIR="$(mktemp -d)"
 status=0
 nvidia-smi -L || true
-for t in cuda_runtime cuda_nvrtc cuda_blas cuda_ops nn ops_sweep compile core expr errors; do
+for t in cuda_runtime cuda_nvrtc cuda_blas cuda_ops nn nn_io ops_sweep compile core expr errors; do
   exe="$B/tests/kiln_test_$t"
   [ -x "$exe" ] || { echo "== $t: not built in $B, skipped"; continue; }
   echo "== $t"

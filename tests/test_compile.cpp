@@ -119,6 +119,20 @@ TEST_CASE("fuser: a GEMM takes bias, relu and gelu_tanh epilogues and nothing el
     }
 }
 
+TEST_CASE("fuser: elementwise work on a reduction without keepdim joins its row group only when it is per row") {
+    // (5, 5) sum over axis 1 without keepdim is (5,): broadcast against (5, 5) it varies along the
+    // columns, not per row, so x - s cannot be computed row by row
+    const Tensor x = kiln::randn({5, 5});
+    auto f = kiln::compile([](const Tensor& t) { return Tensor(t - kiln::sum(t, {1})); });
+    CHECK(maxdiff(f(x), kiln::eager(x - kiln::sum(x, {1}))) < 1e-6);
+    auto g = kiln::compile([](const Tensor& t) { return Tensor(t - kiln::sum(t, {0})); });  // per column: fine
+    CHECK(maxdiff(g(x), kiln::eager(x - kiln::sum(x, {0}))) < 1e-6);
+    // global average pooling of channels-last activations, then a matmul (ResNet's head)
+    const Tensor h = kiln::randn({2, 2, 2, 8}), w = kiln::randn({8, 3});
+    auto pool = kiln::compile([&](const Tensor& t) { return kiln::matmul(kiln::mean(kiln::relu(t), {1, 2}), w); });
+    CHECK(maxdiff(pool(h), kiln::matmul(kiln::mean(kiln::relu(h), {1, 2}), w)) < 1e-5);
+}
+
 TEST_CASE("kernel counts: a+b+c is 1, softmax 1, layer_norm 1, matmul+bias+gelu is the GEMM plus 1") {
     const Tensor a = kiln::randn({16, 32}), b = kiln::randn({32}), c = kiln::randn({16, 32});
     auto abc = kiln::compile([](const Tensor& x, const Tensor& y, const Tensor& z) { return Tensor(x + y + z); });

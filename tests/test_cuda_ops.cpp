@@ -388,3 +388,40 @@ TEST_CASE("cuda: nn blocks (Linear epilogues, BertLayer, Embedding) match the CP
     CHECK_THROWS_AS(embd(cu(Tensor(ids + 50))), ValueError);
     CHECK_THROWS_AS(embd(ids), DeviceError);
 }
+
+TEST_CASE("cuda: conv2d, pooling and ResNet-18 match the CPU: direct, compiled, reduce_overhead") {
+    KILN_NEED_GPU();
+    manual_seed(22);
+    for (std::int64_t k : {1, 3, 7}) {
+        nn::Window win;
+        win.sh = win.sw = 2;
+        win.ph = win.pw = k / 2;
+        const Tensor x = randn({2, 3, 15, 13}), w = randn({8, 3, k, k}), b = randn({8});
+        const Tensor ref = nn::conv2d(x, w, b, win, nn::Act::relu);
+        CHECK(rel_err(nn::conv2d(cu(x), cu(w), cu(b), win, nn::Act::relu), ref) < 1e-5);
+        CHECK(rel_err(nn::conv2d(cu(x).to(DType::bf16), cu(w).to(DType::bf16), cu(b).to(DType::bf16), win, nn::Act::relu), ref) < 2e-2);
+        nn::Window pool{3, 3, 2, 2, 1, 1, 1, 1};
+        CHECK(equal(nn::max_pool2d(cu(x), pool), nn::max_pool2d(x, pool)));
+    }
+    nn::ResNet18 net(10);
+    net.visit("", [](const std::string& name, Tensor& t) {
+        if (name.ends_with("running_var")) t = Tensor(rand(t.shape()) + 0.5);
+        else if (name.ends_with("running_mean")) t = Tensor(randn(t.shape()) * 0.1);
+    });
+    net.fold();
+    const Tensor x = randn({2, 3, 64, 64});
+    const Tensor ref = net(x);
+    nn::ResNet18 gnet = net;
+    nn::to(gnet, Device::cuda());
+    const Tensor xd = cu(x);
+    CHECK(rel_err(gnet(xd), ref) < 1e-4);
+    auto f = compile([&](const Tensor& t) { return gnet(t); });
+    auto r = compile([&](const Tensor& t) { return gnet(t); }, {.mode = Mode::reduce_overhead});
+    Tensor y;
+    for (int i = 0; i < 4; ++i) {
+        CHECK(rel_err(f(xd), ref) < 1e-4);
+        y = r(xd);
+        CHECK(rel_err(y, ref) < 1e-4);
+    }
+    MESSAGE("resnet18 (BatchNorm folded) on CUDA: " << f.kernels() << " kernels and library calls");
+}

@@ -278,3 +278,122 @@ TEST_CASE("nn parameters: a module saved to safetensors loads into another (load
     CHECK_THROWS_AS(nn::load_state(wide, nn::load_safetensors(path)), ShapeError);
     std::filesystem::remove(path);
 }
+
+namespace {
+
+/// conv2d in float64 with loops: x (N, C, H, W), w (OC, C, KH, KW).
+Tensor ref_conv(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const nn::Window& win, bool relu_after) {
+    const Tensor x = x_in.to(DType::f64).contiguous(), w = w_in.to(DType::f64).contiguous();
+    const std::int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), OC = w.size(0), KH = w.size(2), KW = w.size(3);
+    nn::Window g = win;
+    g.kh = KH;
+    g.kw = KW;
+    const std::int64_t OH = g.out_h(H), OW = g.out_w(W);
+    Tensor y = zeros({N, OC, OH, OW}, DType::f64);
+    for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t o = 0; o < OC; ++o)
+            for (std::int64_t i = 0; i < OH; ++i)
+                for (std::int64_t j = 0; j < OW; ++j) {
+                    double s = b_in.defined() ? b_in.item<double>(o) : 0.0;
+                    for (std::int64_t c = 0; c < C; ++c)
+                        for (std::int64_t a = 0; a < KH; ++a)
+                            for (std::int64_t b = 0; b < KW; ++b) {
+                                const std::int64_t h = i * g.sh - g.ph + a * g.dh, ww = j * g.sw - g.pw + b * g.dw;
+                                if (h < 0 || h >= H || ww < 0 || ww >= W) continue;
+                                s += x.data<double>()[((n * C + c) * H + h) * W + ww] * w.data<double>()[((o * C + c) * KH + a) * KW + b];
+                            }
+                    y.data<double>()[((n * OC + o) * OH + i) * OW + j] = relu_after ? std::max(s, 0.0) : s;
+                }
+    return y;
+}
+
+}  // namespace
+
+TEST_CASE("nn::conv2d: strides, padding, dilation, bias, relu, non-contiguous input, compiled") {
+    manual_seed(18);
+    struct Case { std::int64_t k, s, p, d; bool bias, relu; };
+    for (const Case c : {Case{3, 1, 1, 1, true, false}, Case{3, 2, 1, 1, false, true}, Case{1, 2, 0, 1, true, false},
+                         Case{7, 2, 3, 1, false, false}, Case{3, 1, 2, 2, true, true}, Case{2, 3, 0, 1, true, false}}) {
+        CAPTURE(c.k);
+        CAPTURE(c.s);
+        CAPTURE(c.p);
+        CAPTURE(c.d);
+        nn::Window win;
+        win.sh = win.sw = c.s;
+        win.ph = win.pw = c.p;
+        win.dh = win.dw = c.d;
+        const Tensor x = randn({2, 3, 11, 9}), w = randn({5, 3, c.k, c.k}), b = c.bias ? randn({5}) : Tensor{};
+        const nn::Act act = c.relu ? nn::Act::relu : nn::Act::none;
+        const Tensor ref = ref_conv(x, w, b, win, c.relu);
+        CHECK(max_rel(nn::conv2d(x, w, b, win, act), ref) < 1e-5);
+        // an NHWC-strided (channels-last) input, as convolutions themselves produce
+        const Tensor x_cl = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+        CHECK(max_rel(nn::conv2d(x_cl, w, b, win, act), ref) < 1e-5);
+        auto f = compile([&](const Tensor& t) { return Tensor(nn::conv2d(t, w, b, win, act) * 2.0); });
+        CHECK(max_rel(f(x), Tensor(ref * 2.0)) < 1e-5);
+        CHECK(f.graph_breaks().empty());
+    }
+    CHECK_THROWS_AS(nn::conv2d(randn({2, 4, 8, 8}), randn({5, 3, 3, 3})), ShapeError);
+    CHECK_THROWS_AS(nn::conv2d(randn({4, 8, 8}), randn({5, 4, 3, 3})), ShapeError);
+    CHECK(message_of([] { nn::conv2d(randn({1, 3, 2, 2}), randn({5, 3, 3, 3})); }).find("does not fit an input of (1, 3, 2, 2)") !=
+          std::string::npos);
+}
+
+TEST_CASE("nn pooling: max_pool2d (padding never wins) and adaptive_avg_pool2d") {
+    manual_seed(19);
+    const Tensor x = Tensor(randn({2, 3, 9, 8}) - 5.0);  // all negative: a zero pad would win
+    nn::Window win;
+    win.kh = win.kw = 3;
+    win.sh = win.sw = 2;
+    win.ph = win.pw = 1;
+    const Tensor m = nn::max_pool2d(x, win);
+    CHECK(m.shape() == Shape{2, 3, 5, 4});
+    for (std::int64_t n = 0; n < 2; ++n)
+        for (std::int64_t c = 0; c < 3; ++c)
+            for (std::int64_t i = 0; i < 5; ++i)
+                for (std::int64_t j = 0; j < 4; ++j) {
+                    double best = -INFINITY;
+                    for (std::int64_t a = 0; a < 3; ++a)
+                        for (std::int64_t b = 0; b < 3; ++b) {
+                            const std::int64_t h = 2 * i - 1 + a, w = 2 * j - 1 + b;
+                            if (h >= 0 && h < 9 && w >= 0 && w < 8) best = std::max(best, x.at<float>({n, c, h, w}) * 1.0);
+                        }
+                    CHECK(m.item<double>(((n * 3 + c) * 5 + i) * 4 + j) == best);
+                }
+    const Tensor a = nn::adaptive_avg_pool2d(x, 1, 1);
+    CHECK(max_rel(a, mean(x, {2, 3}, true)) == 0);
+    const Tensor a2 = nn::adaptive_avg_pool2d(x.slice(3, 0, 6), 3, 2);
+    CHECK(a2.shape() == Shape{2, 3, 3, 2});
+    CHECK(std::abs(a2.at<float>({1, 2, 2, 1}) - mean(x.slice(2, 6, 9).slice(3, 3, 6).select(0, 1).select(0, 2)).item<float>()) < 1e-5);
+    CHECK_THROWS_AS(nn::adaptive_avg_pool2d(x, 2, 2), ShapeError);
+    CHECK_THROWS_AS(nn::max_pool2d(x, nn::Window{3, 3, 1, 1, 2, 2, 1, 1}), ValueError);
+}
+
+TEST_CASE("nn::ResNet18: direct, compiled, BatchNorm folded into the convolutions, torchvision names") {
+    manual_seed(20);
+    nn::ResNet18 net(10);
+    // non-trivial running statistics so that folding has work to do
+    net.visit("", [](const std::string& name, Tensor& t) {
+        if (name.ends_with("running_var")) t = Tensor(rand(t.shape()) + 0.5);
+        else if (name.ends_with("running_mean") || (name.find("bn") != std::string::npos && name.ends_with("bias"))) t = Tensor(randn(t.shape()) * 0.1);
+    });
+    const auto sd = nn::state_dict(net);
+    CHECK(sd.size() == 102);  // torchvision's 122 less the 20 num_batches_tracked counters (load_state skips those)
+    CHECK(sd.count("layer2.0.downsample.1.running_var") == 1);
+    CHECK(sd.count("layer4.1.conv2.weight") == 1);
+    CHECK(sd.at("fc.weight").shape() == Shape{10, 512});
+    const Tensor x = randn({2, 3, 32, 32});
+    const Tensor y = net(x);
+    CHECK(y.shape() == Shape{2, 10});
+    auto f = compile([&](const Tensor& t) { return net(t); });
+    CHECK(max_rel(f(x), y) < 1e-4);
+    CHECK(f.graph_breaks().empty());
+    nn::ResNet18 folded = net;
+    folded.fold();
+    CHECK(nn::state_dict(folded).count("bn1.weight") == 0);
+    CHECK(max_rel(folded(x), y) < 1e-4);
+    auto g = compile([&](const Tensor& t) { return folded(t); });
+    CHECK(max_rel(g(x), y) < 1e-4);
+    MESSAGE("resnet18 compiled on the CPU: " << f.kernels() << " kernels, folded " << g.kernels());
+    CHECK(g.kernels() < f.kernels());
+}

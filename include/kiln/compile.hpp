@@ -198,6 +198,12 @@ inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
                 break;
             }
             case ir::Kind::view: break;
+            case ir::Kind::call: {
+                std::vector<Shape> in;
+                for (int j : n.in) in.push_back(g[j].shape);
+                n.shape = n.call->shape(in);
+                break;
+            }
         }
     }
 }

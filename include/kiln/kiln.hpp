@@ -16,6 +16,7 @@
 #include "kiln/expr/evaluate.hpp"
 #include "kiln/interop/eigen.hpp"
 #include "kiln/nn/io.hpp"
+#include "kiln/nn/conv.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/copy.hpp"

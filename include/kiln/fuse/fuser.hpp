@@ -16,6 +16,7 @@ struct Group {
         row,          ///< reductions over the same axes with their producers and consumers, row by row
         reduce,       ///< one reduction with its elementwise prologue (rows too long for `row`)
         matmul,       ///< a library call
+        call,         ///< a library op (Kind::call)
         view,         ///< an alias of a materialized value: no kernel
     } kind;
     std::vector<int> nodes;    ///< nodes computed inside, in topological order
@@ -36,6 +37,7 @@ inline const char* group_kind_name(Group::Kind k) {
         case Group::Kind::row: return "row";
         case Group::Kind::reduce: return "reduce";
         case Group::Kind::matmul: return "matmul";
+        case Group::Kind::call: return "call";
         case Group::Kind::view: return "view";
     }
     return "?";
@@ -67,6 +69,19 @@ inline bool aligned_to(const Shape& s, const Shape& space) {
     for (int d = 0; d < s.rank(); ++d) {
         const std::int64_t sz = s[d], sp = space[space.rank() - s.rank() + d];
         if (sz != sp && sz != 1) return false;
+    }
+    return true;
+}
+/// Whether a reduction's value of shape s, broadcast (right-aligned) against the row space, means
+/// one value per row: 1 (or absent) along the reduced axes, the full size along the others. A
+/// reduction without keepdim over leading or middle axes does not (its dims shift right), so an
+/// elementwise node reading it cannot be computed per row.
+inline bool per_row(const Shape& s, const Shape& space, unsigned mask) {
+    if (s.rank() > space.rank()) return false;
+    for (int d = 0; d < space.rank(); ++d) {
+        const int k = d - (space.rank() - s.rank());
+        const std::int64_t v = k < 0 ? 1 : s[k];
+        if ((mask & (1u << d)) ? v != 1 : (v != space[d] && space[d] != 1)) return false;
     }
     return true;
 }
@@ -185,7 +200,11 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
                 if (gid >= 0 && row_of[sz(j)] != gid) conflict = true;
                 gid = row_of[sz(j)];
             }
-            if (gid < 0 || conflict || closed[sz(gid)] || !member_ok(i, rows[sz(gid)]) ||
+            bool coords = gid >= 0;
+            for (int j : n.in)
+                if (coords && row_of[sz(j)] == gid && g[j].kind == Kind::reduce)
+                    coords = detail::per_row(g[j].shape, rows[sz(gid)].space, rows[sz(gid)].mask);
+            if (gid < 0 || conflict || !coords || closed[sz(gid)] || !member_ok(i, rows[sz(gid)]) ||
                 static_cast<int>(rows[sz(gid)].nodes.size()) >= lim.max_nodes) {
                 close_operands(i);
                 continue;
@@ -208,7 +227,7 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         const ir::Node& n = g[i];
         bool m = false;
         switch (n.kind) {
-            case Kind::input: case Kind::constant: case Kind::view: case Kind::matmul: case Kind::arg_reduce: m = true; break;
+            case Kind::input: case Kind::constant: case Kind::view: case Kind::matmul: case Kind::call: case Kind::arg_reduce: m = true; break;
             case Kind::scalar: m = false; break;
             case Kind::reduce: m = row_of[sz(i)] < 0 || is_output[sz(i)]; break;
             case Kind::elementwise: m = is_output[sz(i)]; break;
@@ -279,6 +298,7 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         G.outputs = {i};
         if (n.kind == Kind::view) G.kind = Group::Kind::view;
         else if (n.kind == Kind::matmul) G.kind = Group::Kind::matmul;
+        else if (n.kind == Kind::call) G.kind = Group::Kind::call;
         else if (n.kind == Kind::elementwise) G.kind = Group::Kind::elementwise;
         else G.kind = Group::Kind::reduce;
         for (int j = 0; j <= i; ++j)

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@ enum class Kind : std::uint8_t {
     arg_reduce,   ///< argmax / argmin
     matmul,       ///< matrix product (batch dims broadcast), a library call
     view,         ///< a movement op: a view of its operand in logical (row-major) order
+    call,         ///< a library op kiln does not generate code for (conv2d, pooling): runs `Node::call`
 };
 
 enum class ReduceKind : std::uint8_t { sum, prod, max, min, mean };
@@ -38,6 +41,7 @@ inline const char* kind_name(Kind k) {
         case Kind::arg_reduce: return "arg_reduce";
         case Kind::matmul: return "matmul";
         case Kind::view: return "view";
+        case Kind::call: return "call";
     }
     return "?";
 }
@@ -52,6 +56,15 @@ inline const char* reduce_name(ReduceKind r) {
     return "?";
 }
 inline const char* view_name(ViewKind) { return "as_strided"; }
+
+/// A library op in a graph (Kind::call): computes its output from concrete operand tensors on any
+/// device, outside kiln's code generation, like a matmul. `key` names it with every attribute, for
+/// hashing, printing and common subexpressions ("conv2d(stride=2, padding=3, act=relu)").
+struct CallOp {
+    std::string key;
+    std::function<Tensor(const std::vector<Tensor>&)> run;  ///< operands -> the output (async on the device's stream)
+    std::function<Shape(const std::vector<Shape>&)> shape;  ///< output shape from operand shapes (dynamic dims)
+};
 
 /// One value of the graph. Operands always precede their users (the node list is topological).
 struct Node {
@@ -78,6 +91,8 @@ struct Node {
     int index = -1;
     // constant
     Tensor tensor;
+    // call
+    std::shared_ptr<const CallOp> call;
     std::source_location loc{};
 
     bool is_elementwise() const { return kind == Kind::elementwise; }

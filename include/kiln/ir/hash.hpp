@@ -38,6 +38,9 @@ inline std::uint64_t node_hash(const Node& n) {
             h = hash_mix(h, std::bit_cast<std::uint64_t>(n.correction));
             break;
         case Kind::matmul: break;
+        case Kind::call:
+            for (char c : n.call->key) h = hash_mix(h, static_cast<std::uint64_t>(static_cast<unsigned char>(c)));
+            break;
         case Kind::view:
             for (auto a : n.args) h = hash_mix(h, static_cast<std::uint64_t>(a));
             for (auto d : n.shape) h = hash_mix(h, static_cast<std::uint64_t>(d));

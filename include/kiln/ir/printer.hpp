@@ -33,6 +33,7 @@ inline std::string describe(const Graph& g, int id) {
             s << ", axes=0x" << std::hex << n.mask << std::dec << (n.keepdim ? ", keepdim" : "") << ")";
             break;
         case Kind::matmul: s << "matmul("; args(); s << ")"; break;
+        case Kind::call: s << n.call->key << "("; args(); s << ")"; break;
         case Kind::view:
             s << "view(";
             args();

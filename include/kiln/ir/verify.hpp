@@ -40,6 +40,9 @@ inline void verify(const Graph& g, const std::string& after = "trace") {
             case Kind::matmul:
                 if (n.in.size() != 2) bad(i, "needs two operands");
                 break;
+            case Kind::call:
+                if (!n.call || !n.call->run || !n.call->shape) bad(i, "is a call without an op");
+                break;
         }
     }
     for (int o : g.outputs)

@@ -329,7 +329,8 @@ template <class M> M& to(M& m, DType dtype) {
 
 /// Replaces every parameter of m by the tensor of the same name in `params`, converted to the
 /// parameter's dtype and device. Shapes must match; a missing name, and (when strict) a name m
-/// does not have, is a ValueError listing them.
+/// does not have, is a ValueError listing them. BatchNorm's `num_batches_tracked` counters (in
+/// torch state dicts, unused at inference) are ignored.
 template <class M>
 void load_state(M& m, const std::map<std::string, Tensor>& params, bool strict = true, Loc loc = Loc::current()) {
     std::vector<std::string> missing, seen;
@@ -353,7 +354,8 @@ void load_state(M& m, const std::map<std::string, Tensor>& params, bool strict =
     if (strict) {
         std::string extra;
         for (const auto& [name, t] : params)
-            if (std::find(seen.begin(), seen.end(), name) == seen.end()) extra += " '" + name + "'";
+            if (std::find(seen.begin(), seen.end(), name) == seen.end() && !name.ends_with("num_batches_tracked"))
+                extra += " '" + name + "'";
         if (!extra.empty()) msg += std::string(msg.empty() ? "" : "; ") + "unexpected parameter(s):" + extra;
     }
     if (!msg.empty()) kiln::detail::fail<ValueError>("load_state", msg, loc);

@@ -19,6 +19,7 @@ inline std::string cse_key(const ir::Node& n, const std::vector<int>& operands) 
     s << '|' << static_cast<int>(n.op) << '|' << static_cast<int>(n.ct) << '|' << static_cast<int>(n.attr) << '|'
       << std::bit_cast<std::uint64_t>(n.value) << '|' << static_cast<int>(n.rkind) << '|' << n.mask << '|' << n.keepdim
       << n.arg_max << '|' << std::bit_cast<std::uint64_t>(n.correction) << '|' << n.args.str() << '|' << n.index;
+    if (n.kind == ir::Kind::call) s << '|' << n.call->key;
     if (n.kind == ir::Kind::constant)
         s << '|' << n.tensor.storage().get() << '|' << n.tensor.offset() << '|' << n.tensor.strides().str();
     return s.str();

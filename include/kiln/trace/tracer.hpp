@@ -303,4 +303,28 @@ inline Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_s
     return tr->make(tr->graph().add(std::move(n)));
 }
 
+/// Runs a library op (ir::CallOp) on its operands: as one Kind::call node when an operand is a
+/// tracing tensor (the op then runs inside the compiled program, with the operands it has there),
+/// otherwise at once.
+inline Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Tensor>& operands, DType out_dtype,
+                      const std::source_location& loc) {
+    bool traced = false;
+    for (const Tensor& t : operands) traced = traced || t.is_traced();
+    if (!traced) return op->run(operands);
+    Tracer* tr = Tracer::active();
+    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+    ir::Node n;
+    n.kind = ir::Kind::call;
+    std::vector<Shape> shapes;
+    for (const Tensor& t : operands) {
+        n.in.push_back(tr->node_of(t));
+        shapes.push_back(t.shape());
+    }
+    n.shape = op->shape(shapes);
+    n.dtype = out_dtype;
+    n.loc = loc;
+    n.call = std::move(op);
+    return tr->make(tr->graph().add(std::move(n)));
+}
+
 }  // namespace kiln::trace

@@ -460,6 +460,13 @@ private:
                         matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])]);
                     break;
                 }
+                case fuse::Group::Kind::call: {
+                    const ir::Node& n = g_[G.outputs[0]];
+                    std::vector<Tensor> in;
+                    for (int j : n.in) in.push_back(vals[static_cast<std::size_t>(j)]);
+                    vals[static_cast<std::size_t>(G.outputs[0])] = n.call->run(in);
+                    break;
+                }
                 case fuse::Group::Kind::view: {
                     const ir::Node& n = g_[G.outputs[0]];
                     const Tensor src = vals[static_cast<std::size_t>(n.in[0])].contiguous();
@@ -495,7 +502,7 @@ private:
         std::vector<int> slot_free_after;  // group index after which the slot is free again
         for (std::size_t k = 0; k < groups.size(); ++k) {
             const auto& G = groups[k];
-            if (G.kind == fuse::Group::Kind::view || G.kind == fuse::Group::Kind::matmul) continue;
+            if (G.kind == fuse::Group::Kind::view || G.kind == fuse::Group::Kind::matmul || G.kind == fuse::Group::Kind::call) continue;
             for (int o : G.outputs) {
                 const ir::Node& n = g_[o];
                 if (pinned[static_cast<std::size_t>(o)] || last_use[static_cast<std::size_t>(o)] < 0) continue;

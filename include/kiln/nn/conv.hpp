@@ -1,0 +1,406 @@
+// Convolutions and pooling for NCHW tensors, and ResNet-18.
+//
+// conv2d is im2col + one GEMM: the (N*OH*OW, C*KH*KW) patch matrix (padding, stride and dilation
+// handled while it is gathered: a loop over threads on the CPU, one generated kernel on CUDA) times
+// the (OC, C*KH*KW) weight, through nn::linear, so bias and relu ride in the GEMM's epilogue on
+// CUDA. The result is (N*OH*OW, OC), i.e. channels-last memory, returned as an NCHW view; later
+// ops read it through its strides, the next im2col included. Inside kiln::compile a conv or pool
+// is one Kind::call node (a library op like matmul): the elementwise work around it still fuses.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backends/cpu/thread_pool.hpp"
+#include "kiln/backends/cuda/graph_exec.hpp"
+#include "kiln/nn/layers.hpp"
+#include "kiln/trace/tracer.hpp"
+
+namespace kiln::nn {
+
+/// The window of a convolution or pooling over (H, W).
+struct Window {
+    std::int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+    std::int64_t out_h(std::int64_t h) const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
+    std::int64_t out_w(std::int64_t w) const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
+    std::string str() const {
+        return "k=" + std::to_string(kh) + "x" + std::to_string(kw) + ", stride=" + std::to_string(sh) + "x" + std::to_string(sw) +
+               ", padding=" + std::to_string(ph) + "x" + std::to_string(pw) + ", dilation=" + std::to_string(dh) + "x" + std::to_string(dw);
+    }
+};
+
+namespace detail {
+
+/// The bits of -inf in a floating dtype (pooling's padding), 0 otherwise.
+inline std::uint64_t neg_inf_bits(DType d) {
+    switch (d) {
+        case DType::f32: return 0xff800000u;
+        case DType::f64: return 0xfff0000000000000ull;
+        case DType::f16: return 0xfc00u;
+        case DType::bf16: return 0xff80u;
+        default: return 0;
+    }
+}
+
+template <class W>
+void im2col_cpu(const Tensor& x, const Window& win, std::int64_t OH, std::int64_t OW, std::uint64_t pad_bits, Tensor& cols) {
+    const std::int64_t C = x.size(1), H = x.size(2), Wd = x.size(3);
+    const std::int64_t sN = x.stride(0), sC = x.stride(1), sH = x.stride(2), sW = x.stride(3);
+    const W* src = static_cast<const W*>(x.data_ptr());
+    W* dst = static_cast<W*>(cols.data_ptr());
+    const W pad = static_cast<W>(pad_bits);
+    const std::int64_t K = C * win.kh * win.kw, rows = x.size(0) * OH * OW;
+    kiln::detail::parallel_for(rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(K, 1)), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+            const std::int64_t n = r / (OH * OW), oh = (r / OW) % OH, ow = r % OW;
+            W* out = dst + r * K;
+            for (std::int64_t i = 0; i < win.kh; ++i) {
+                const std::int64_t h = oh * win.sh - win.ph + i * win.dh;
+                for (std::int64_t j = 0; j < win.kw; ++j) {
+                    const std::int64_t w = ow * win.sw - win.pw + j * win.dw;
+                    const bool inside = h >= 0 && h < H && w >= 0 && w < Wd;
+                    const W* in = src + n * sN + h * sH + w * sW;
+                    for (std::int64_t c = 0; c < C; ++c) *out++ = inside ? in[c * sC] : pad;
+                }
+            }
+        }
+    });
+}
+
+inline void im2col_cuda(const Tensor& x, const Window& win, std::int64_t OH, std::int64_t OW, std::uint64_t pad_bits, Tensor& cols) {
+    const int device = x.device().index;
+    const std::size_t es = x.element_size();
+    const char* word = es == 1 ? "unsigned char" : es == 2 ? "unsigned short" : es == 4 ? "unsigned int" : "unsigned long long";
+    cuda::detail::KernelText k;
+    // 32-bit index math (much cheaper divisions) unless an index needs 64 bits
+    const std::int64_t span = (x.size(0) - 1) * x.stride(0) + (x.size(1) - 1) * x.stride(1) + (x.size(2) - 1) * x.stride(2) +
+                              (x.size(3) - 1) * x.stride(3) + 1;
+    const bool i64 = cols.numel() >= (std::int64_t{1} << 31) || span >= (std::int64_t{1} << 31);
+    const char* I = i64 ? "long long" : "int";
+    k.name = "kiln_im2col_" + std::to_string(es) + (i64 ? "_i64" : "_i32");
+    // columns in (kh, kw, c) order: consecutive threads read consecutive channels of channels-last input
+    k.source = std::string("typedef ") + I + " I;\nextern \"C\" __global__ void " + k.name + "(const " + word +
+               "* __restrict__ x, " + word +
+               "* __restrict__ cols, long long total_, long long C_, long long H_, long long W_, long long sN_, long long sC_, "
+               "long long sH_, long long sW_, long long OH_, long long OW_, long long KH_, long long KW_, long long SH_, long long SW_, "
+               "long long PH_, long long PW_, long long DH_, long long DW_, unsigned long long pad) {\n"
+               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sC = (I)sC_, sH = (I)sH_, sW = (I)sW_;\n"
+               "  const I OH = (I)OH_, OW = (I)OW_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_, DH = (I)DH_, DW = (I)DW_;\n"
+               "  const I K = C * (I)KH_ * KW;\n"
+               "  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
+               "    const I r = i / K, q = i - r * K;\n"
+               "    const I kk = q / C, c = q - kk * C, ki = kk / KW, kj = kk - ki * KW;\n"
+               "    const I n = r / (OH * OW), rem = r - n * (OH * OW), oh = rem / OW, ow = rem - oh * OW;\n"
+               "    const I h = oh * SH - PH + ki * DH, w = ow * SW - PW + kj * DW;\n"
+               "    cols[i] = (h < 0 || h >= H || w < 0 || w >= W) ? (" + word + ")pad : x[n * sN + c * sC + h * sH + w * sW];\n"
+               "  }\n}\n";
+    const cuda::CUfunction f = cuda::detail::kernel_function(k, device);
+    const std::int64_t total = cols.numel();
+    cuda::detail::Args a;
+    a.add_ptr(x.data_ptr());
+    a.add_ptr(cols.data_ptr());
+    for (std::int64_t v : {total, x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2), x.stride(3), OH, OW,
+                           win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw})
+        a.add(v);
+    a.add(static_cast<std::int64_t>(pad_bits));
+    const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 1 << 20));
+    cuda::detail::launch(f, grid, 256, 0, cuda::current_stream(device), a.finish());
+}
+
+/// The (N*OH*OW, KH*KW*C) patch matrix of x (N, C, H, W; any strides), columns in (kh, kw, c)
+/// order; padding reads pad_bits.
+inline Tensor im2col(const Tensor& x, const Window& win, std::uint64_t pad_bits) {
+    const std::int64_t OH = win.out_h(x.size(2)), OW = win.out_w(x.size(3));
+    Tensor cols(Shape{x.size(0) * OH * OW, x.size(1) * win.kh * win.kw}, x.dtype(), x.device());
+    if (cols.numel() == 0) return cols;
+    if (x.device().is_cuda()) {
+        im2col_cuda(x, win, OH, OW, pad_bits, cols);
+        return cols;
+    }
+    switch (x.element_size()) {
+        case 1: im2col_cpu<std::uint8_t>(x, win, OH, OW, pad_bits, cols); break;
+        case 2: im2col_cpu<std::uint16_t>(x, win, OH, OW, pad_bits, cols); break;
+        case 4: im2col_cpu<std::uint32_t>(x, win, OH, OW, pad_bits, cols); break;
+        default: im2col_cpu<std::uint64_t>(x, win, OH, OW, pad_bits, cols); break;
+    }
+    return cols;
+}
+
+inline void check_window(const char* op, const Shape& x, const Window& win, const Loc& loc) {
+    if (x.rank() != 4)
+        kiln::detail::fail<ShapeError>(op, "input must be 4-D (N, C, H, W), got " + x.str(), loc);
+    if (win.kh < 1 || win.kw < 1 || win.sh < 1 || win.sw < 1 || win.ph < 0 || win.pw < 0 || win.dh < 1 || win.dw < 1)
+        kiln::detail::fail<ValueError>(op, "invalid window (" + win.str() + ")", loc);
+    if (win.out_h(x[2]) < 1 || win.out_w(x[3]) < 1)
+        kiln::detail::fail<ShapeError>(op, "the window (" + win.str() + ") does not fit an input of " + x.str(), loc);
+}
+
+/// t (N, C, H, W) with channels-last memory (a copy unless it already has it), still seen as NCHW.
+inline Tensor channels_last(const Tensor& t) {
+    if (t.stride(1) == 1 && t.stride(3) == t.size(1) && t.stride(2) == t.size(3) * t.size(1)) return t;
+    return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+}
+
+
+}  // namespace detail
+
+namespace detail {
+
+/// x as (N, C, H, W) for messages, from its channels-last (N, H, W, C) logical shape.
+inline Shape nchw_of(const Shape& nhwc) { return nhwc.rank() == 4 ? Shape{nhwc[0], nhwc[3], nhwc[1], nhwc[2]} : nhwc; }
+
+/// conv2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, OC): the GEMM's rows as they
+/// are, so the elementwise work after it reads and writes contiguous memory.
+inline Tensor conv2d_nhwc(const Tensor& x, const Tensor& weight, const Tensor& bias, Window win, Act act, const Loc& loc) {
+    if (weight.rank() != 4)
+        kiln::detail::fail<ShapeError>("conv2d", "weight must be 4-D (out, in, kh, kw), got " + weight.shape().str(), loc);
+    win.kh = weight.size(2);
+    win.kw = weight.size(3);
+    const Shape xs = nchw_of(x.shape());
+    check_window("conv2d", xs, win, loc);
+    if (xs[1] != weight.size(1))
+        kiln::detail::fail<ShapeError>("conv2d", "input " + xs.str() + " has " + std::to_string(xs[1]) + " channels but the weight " +
+                                                     weight.shape().str() + " expects " + std::to_string(weight.size(1)), loc);
+    if (bias.defined() && (bias.rank() != 1 || bias.size(0) != weight.size(0)))
+        kiln::detail::fail<ShapeError>("conv2d", "bias " + bias.shape().str() + " does not match " + std::to_string(weight.size(0)) +
+                                                     " output channels", loc);
+    auto op = std::make_shared<ir::CallOp>();
+    op->key = "conv2d(" + win.str() + (bias.defined() ? ", bias" : "") +
+              (act == Act::relu ? ", relu" : act == Act::gelu_tanh ? ", gelu_tanh" : "") + ")";
+    const bool has_bias = bias.defined();
+    op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[1][0]}; };
+    op->run = [win, act, has_bias, loc](const std::vector<Tensor>& in) {
+        const Tensor xx = in[0].permute({0, 3, 1, 2});  // NCHW view for im2col
+        const Tensor& w = in[1];
+        const Tensor cols = im2col(channels_last(xx), win, 0);
+        // the weight as (OC, KH*KW*C) rows: free when it is stored channels-last (fold_batchnorm does)
+        const Tensor w2 = w.permute({0, 2, 3, 1}).contiguous().view({w.size(0), w.size(1) * w.size(2) * w.size(3)});
+        const Tensor rows = linear(cols, w2, has_bias ? in[2] : Tensor{}, act, loc);
+        return rows.view({xx.size(0), win.out_h(xx.size(2)), win.out_w(xx.size(3)), w.size(0)});
+    };
+    std::vector<Tensor> operands{x, weight};
+    if (has_bias) operands.push_back(bias);
+    return trace::call_op(std::move(op), operands, x.dtype(), loc);
+}
+
+/// max_pool2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, C).
+inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
+    check_window("max_pool2d", nchw_of(x.shape()), win, loc);
+    if (win.ph * 2 > win.kh || win.pw * 2 > win.kw)
+        kiln::detail::fail<ValueError>("max_pool2d", "padding must be at most half the window (" + win.str() + ")", loc);
+    auto op = std::make_shared<ir::CallOp>();
+    op->key = "max_pool2d(" + win.str() + ")";
+    op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[0][3]}; };
+    op->run = [win, loc](const std::vector<Tensor>& in) {
+        const Tensor xx = in[0].permute({0, 3, 1, 2});
+        const std::int64_t N = xx.size(0), C = xx.size(1), OH = win.out_h(xx.size(2)), OW = win.out_w(xx.size(3));
+        const Tensor cols = im2col(channels_last(xx), win, neg_inf_bits(xx.dtype()));
+        // the window's maximum as a running elementwise maximum over its positions: each pass reads
+        // one contiguous (rows, C) slice (a reduction over the 9-element middle axis would give
+        // each tiny row a block of its own)
+        const Tensor v = cols.view({N * OH * OW, win.kh * win.kw, C});
+        Tensor m = v.select(1, 0);
+        for (std::int64_t k = 1; k < win.kh * win.kw; ++k) m = Tensor(maximum(m, v.select(1, k)), loc);
+        return m.contiguous().view({N, OH, OW, C});
+    };
+    return trace::call_op(std::move(op), {x}, x.dtype(), loc);
+}
+
+}  // namespace detail
+
+/// 2-D convolution of x (N, C, H, W) with weight (OC, C, KH, KW) and optional bias (OC), then act.
+/// The result is (N, OC, OH, OW) over channels-last memory.
+inline Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Window win = {}, Act act = Act::none,
+                     Loc loc = Loc::current()) {
+    if (x.rank() != 4) kiln::detail::fail<ShapeError>("conv2d", "input must be 4-D (N, C, H, W), got " + x.shape().str(), loc);
+    return detail::conv2d_nhwc(x.permute({0, 2, 3, 1}, loc), weight, bias, win, act, loc).permute({0, 3, 1, 2}, loc);
+}
+
+/// Max over each window (padding never wins), NCHW.
+inline Tensor max_pool2d(const Tensor& x, Window win, Loc loc = Loc::current()) {
+    if (x.rank() != 4) kiln::detail::fail<ShapeError>("max_pool2d", "input must be 4-D (N, C, H, W), got " + x.shape().str(), loc);
+    return detail::max_pool2d_nhwc(x.permute({0, 2, 3, 1}, loc), win, loc).permute({0, 3, 1, 2}, loc);
+}
+
+/// Average over (H, W) into (oh, ow) cells; H and W must be multiples of oh and ow (ResNet's (1, 1)).
+inline Tensor adaptive_avg_pool2d(const Tensor& x, std::int64_t oh, std::int64_t ow, Loc loc = Loc::current()) {
+    if (x.rank() != 4) kiln::detail::fail<ShapeError>("adaptive_avg_pool2d", "input must be 4-D (N, C, H, W), got " + x.shape().str(), loc);
+    if (oh < 1 || ow < 1 || x.size(2) % oh != 0 || x.size(3) % ow != 0)
+        kiln::detail::fail<ShapeError>("adaptive_avg_pool2d", "output (" + std::to_string(oh) + ", " + std::to_string(ow) +
+                                                                 ") must divide the input's (H, W) of " + x.shape().str(), loc);
+    if (oh == 1 && ow == 1) return mean(x, {2, 3}, true, loc);
+    const Tensor cells = x.reshape({x.size(0), x.size(1), oh, x.size(2) / oh, ow, x.size(3) / ow}, loc);
+    return mean(cells, {3, 5}, false, loc);
+}
+
+/// torch.nn.Conv2d (square or not), with an optional fused activation.
+struct Conv2d {
+    Tensor weight, bias;  ///< (OC, C, KH, KW), (OC) or undefined
+    Window win{};
+    Act act = Act::none;
+
+    Conv2d() = default;
+    Conv2d(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride = 1, std::int64_t padding = 0, bool with_bias = true,
+           Init o = {}) {
+        win.kh = win.kw = k;
+        win.sh = win.sw = stride;
+        win.ph = win.pw = padding;
+        const double bound = 1.0 / std::sqrt(static_cast<double>(in * k * k));
+        weight = nn::detail::uniform({out, in, k, k}, bound, o);
+        if (with_bias) bias = nn::detail::uniform({out}, bound, o);
+    }
+    Tensor operator()(const Tensor& x, Loc loc = Loc::current()) const { return conv2d(x, weight, bias, win, act, loc); }
+    /// The same convolution over channels-last (N, H, W, C) values, giving (N, OH, OW, OC).
+    Tensor nhwc(const Tensor& x, Loc loc = Loc::current()) const { return detail::conv2d_nhwc(x, weight, bias, win, act, loc); }
+    template <class F> void visit(const std::string& prefix, F&& f) {
+        f(prefix + "weight", weight);
+        if (bias.defined()) f(prefix + "bias", bias);
+    }
+};
+
+/// torch.nn.BatchNorm2d at inference: (x - running_mean) / sqrt(running_var + eps) * weight + bias.
+struct BatchNorm2d {
+    Tensor weight, bias, running_mean, running_var;
+    double eps = 1e-5;
+
+    BatchNorm2d() = default;
+    explicit BatchNorm2d(std::int64_t c, Init o = {}) {
+        weight = ones({c}, o.dtype, o.device);
+        bias = zeros({c}, o.dtype, o.device);
+        running_mean = zeros({c}, o.dtype, o.device);
+        running_var = ones({c}, o.dtype, o.device);
+    }
+    bool defined() const { return weight.defined(); }
+    template <class X> Tensor operator()(const X& x, Loc loc = Loc::current()) const {
+        const std::int64_t c = weight.size(0);
+        const Tensor scale = Tensor(weight * rsqrt(running_var + eps), loc).view({c, 1, 1});
+        return Tensor((x - running_mean.view({c, 1, 1})) * scale + bias.view({c, 1, 1}), loc);
+    }
+    /// Over channels-last (N, H, W, C) values: the per-channel parameters broadcast along the last dim.
+    template <class X> Tensor nhwc(const X& x, Loc loc = Loc::current()) const {
+        return Tensor((x - running_mean) * (weight * rsqrt(running_var + eps)) + bias, loc);
+    }
+    template <class F> void visit(const std::string& prefix, F&& f) {
+        if (!defined()) return;  // folded into its convolution
+        f(prefix + "weight", weight);
+        f(prefix + "bias", bias);
+        f(prefix + "running_mean", running_mean);
+        f(prefix + "running_var", running_var);
+    }
+};
+
+/// Folds an inference BatchNorm2d into the convolution before it (w' = w * s, b' = (b - mean) * s +
+/// beta with s = gamma / sqrt(var + eps)), computed in float64; the norm becomes undefined (skipped).
+inline void fold_batchnorm(Conv2d& conv, BatchNorm2d& bn) {
+    if (!bn.defined()) return;
+    const DType dt = conv.weight.dtype();
+    const Device dev = conv.weight.device();
+    const std::int64_t oc = conv.weight.size(0);
+    const Tensor s = Tensor(bn.weight.cpu().to(DType::f64) * rsqrt(bn.running_var.cpu().to(DType::f64) + bn.eps));
+    const Tensor w = Tensor(conv.weight.cpu().to(DType::f64) * s.view({oc, 1, 1, 1}));
+    const Tensor b0 = conv.bias.defined() ? conv.bias.cpu().to(DType::f64) : zeros({oc}, DType::f64);
+    const Tensor b = Tensor((b0 - bn.running_mean.cpu().to(DType::f64)) * s + bn.bias.cpu().to(DType::f64));
+    conv.weight = detail::channels_last(w.to(dt).to(dev));  // conv2d reads (OC, KH, KW, C) rows
+    conv.bias = b.to(dt).to(dev);
+    bn = BatchNorm2d{};
+}
+
+/// ResNet's BasicBlock: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
+struct BasicBlock {
+    Conv2d conv1, conv2, down;  ///< down: the 1x1 stride-2 shortcut conv, or undefined
+    BatchNorm2d bn1, bn2, down_bn;
+
+    BasicBlock() = default;
+    BasicBlock(std::int64_t in, std::int64_t out, std::int64_t stride, Init o = {})
+        : conv1(in, out, 3, stride, 1, false, o), conv2(out, out, 3, 1, 1, false, o), bn1(out, o), bn2(out, o) {
+        if (stride != 1 || in != out) {
+            down = Conv2d(in, out, 1, stride, 0, false, o);
+            down_bn = BatchNorm2d(out, o);
+        }
+    }
+    /// x (N, C, H, W) -> (N, OC, OH, OW).
+    Tensor operator()(const Tensor& x, Loc loc = Loc::current()) const {
+        return nhwc(x.permute({0, 2, 3, 1}, loc), loc).permute({0, 3, 1, 2}, loc);
+    }
+    /// The block over channels-last (N, H, W, C) values (how ResNet18 runs it: every elementwise
+    /// kernel between the convolutions reads and writes contiguous memory).
+    Tensor nhwc(const Tensor& x, Loc loc = Loc::current()) const {
+        Tensor h = conv1.nhwc(x, loc);
+        if (bn1.defined()) h = Tensor(relu(bn1.nhwc(h, loc)), loc);
+        Tensor y = conv2.nhwc(h, loc);
+        if (bn2.defined()) y = bn2.nhwc(y, loc);
+        Tensor s = x;
+        if (down.weight.defined()) {
+            s = down.nhwc(x, loc);
+            if (down_bn.defined()) s = down_bn.nhwc(s, loc);
+        }
+        return Tensor(relu(y + s), loc);
+    }
+    void fold() {
+        fold_batchnorm(conv1, bn1);
+        conv1.act = Act::relu;
+        fold_batchnorm(conv2, bn2);
+        if (down.weight.defined()) fold_batchnorm(down, down_bn);
+    }
+    template <class F> void visit(const std::string& prefix, F&& f) {
+        conv1.visit(prefix + "conv1.", f);
+        bn1.visit(prefix + "bn1.", f);
+        conv2.visit(prefix + "conv2.", f);
+        bn2.visit(prefix + "bn2.", f);
+        if (down.weight.defined()) {
+            down.visit(prefix + "downsample.0.", f);
+            down_bn.visit(prefix + "downsample.1.", f);
+        }
+    }
+};
+
+/// ResNet-18 (torchvision's layout and parameter names) at inference: (N, 3, H, W) -> (N, classes).
+/// fold() folds every BatchNorm into its convolution (relu into the first conv's GEMM epilogue).
+struct ResNet18 {
+    Conv2d conv1;
+    BatchNorm2d bn1;
+    std::vector<BasicBlock> blocks;  ///< layer1.0, layer1.1, ..., layer4.1
+    Linear fc;
+
+    ResNet18() = default;
+    explicit ResNet18(std::int64_t classes = 1000, Init o = {}) : conv1(3, 64, 7, 2, 3, false, o), bn1(64, o), fc(512, classes, true, Act::none, o) {
+        std::int64_t in = 64;
+        for (std::int64_t stage = 0; stage < 4; ++stage) {
+            const std::int64_t out = 64 << stage;
+            blocks.emplace_back(in, out, stage == 0 ? 1 : 2, o);
+            blocks.emplace_back(out, out, 1, o);
+            in = out;
+        }
+    }
+    /// x (N, 3, H, W) -> (N, classes); inside, activations are channels-last (N, H, W, C).
+    Tensor operator()(const Tensor& x, Loc loc = Loc::current()) const {
+        if (x.rank() != 4) kiln::detail::fail<ShapeError>("ResNet18", "input must be (N, 3, H, W), got " + x.shape().str(), loc);
+        Tensor h = conv1.nhwc(x.permute({0, 2, 3, 1}, loc), loc);
+        if (bn1.defined()) h = Tensor(relu(bn1.nhwc(h, loc)), loc);
+        Window pool;
+        pool.kh = pool.kw = 3;
+        pool.sh = pool.sw = 2;
+        pool.ph = pool.pw = 1;
+        h = detail::max_pool2d_nhwc(h, pool, loc);
+        for (const BasicBlock& b : blocks) h = b.nhwc(h, loc);
+        return fc(mean(h, {1, 2}, false, loc), loc);  // global average pool over (H, W)
+    }
+    void fold() {
+        fold_batchnorm(conv1, bn1);
+        conv1.act = Act::relu;
+        for (BasicBlock& b : blocks) b.fold();
+    }
+    template <class F> void visit(const std::string& prefix, F&& f) {
+        conv1.visit(prefix + "conv1.", f);
+        bn1.visit(prefix + "bn1.", f);
+        for (std::size_t i = 0; i < blocks.size(); ++i)
+            blocks[i].visit(prefix + "layer" + std::to_string(i / 2 + 1) + "." + std::to_string(i % 2) + ".", f);
+        fc.visit(prefix + "fc.", f);
+    }
+};
+
+}  // namespace kiln::nn
