@@ -81,33 +81,44 @@ inline void im2col_cuda(const Tensor& x, const Window& win, std::int64_t OH, std
                               (x.size(3) - 1) * x.stride(3) + 1;
     const bool i64 = cols.numel() >= (std::int64_t{1} << 31) || span >= (std::int64_t{1} << 31);
     const char* I = i64 ? "long long" : "int";
-    k.name = "kiln_im2col_" + std::to_string(es) + (i64 ? "_i64" : "_i32");
-    // columns in (kh, kw, c) order: consecutive threads read consecutive channels of channels-last input
+    k.name = "kiln_im2col_lanes_" + std::to_string(es) + (i64 ? "_i64" : "_i32");
+    // columns in (kh, kw, c) order. L threads per segment (a row and one window position; L the
+    // power of two nearest C, at most 32): the index math runs once per segment, and the lanes copy
+    // its C channels, which are contiguous in channels-last input and always in the output.
     k.source = std::string("typedef ") + I + " I;\nextern \"C\" __global__ void " + k.name + "(const " + word +
                "* __restrict__ x, " + word +
-               "* __restrict__ cols, long long total_, long long C_, long long H_, long long W_, long long sN_, long long sC_, "
+               "* __restrict__ cols, long long segs_, long long C_, long long H_, long long W_, long long sN_, long long sC_, "
                "long long sH_, long long sW_, long long OH_, long long OW_, long long KH_, long long KW_, long long SH_, long long SW_, "
-               "long long PH_, long long PW_, long long DH_, long long DW_, unsigned long long pad) {\n"
-               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sC = (I)sC_, sH = (I)sH_, sW = (I)sW_;\n"
+               "long long PH_, long long PW_, long long DH_, long long DW_, unsigned long long pad, long long L_) {\n"
+               "  const I segs = (I)segs_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sC = (I)sC_, sH = (I)sH_, sW = (I)sW_;\n"
                "  const I OH = (I)OH_, OW = (I)OW_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_, DH = (I)DH_, DW = (I)DW_;\n"
-               "  const I K = C * (I)KH_ * KW;\n"
-               "  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
-               "    const I r = i / K, q = i - r * K;\n"
-               "    const I kk = q / C, c = q - kk * C, ki = kk / KW, kj = kk - ki * KW;\n"
+               "  const I KK = (I)KH_ * KW;\n"
+               "  const I L = (I)L_, lane = threadIdx.x & (L - 1), groups = (I)gridDim.x * (blockDim.x / L);\n"
+               "  for (I seg = (I)blockIdx.x * (blockDim.x / L) + threadIdx.x / L; seg < segs; seg += groups) {\n"
+               "    const I r = seg / KK, kk = seg - r * KK, ki = kk / KW, kj = kk - ki * KW;\n"
                "    const I n = r / (OH * OW), rem = r - n * (OH * OW), oh = rem / OW, ow = rem - oh * OW;\n"
                "    const I h = oh * SH - PH + ki * DH, w = ow * SW - PW + kj * DW;\n"
-               "    cols[i] = (h < 0 || h >= H || w < 0 || w >= W) ? (" + word + ")pad : x[n * sN + c * sC + h * sH + w * sW];\n"
+               "    " + word + "* out = cols + seg * C;\n"
+               "    if (h < 0 || h >= H || w < 0 || w >= W) {\n"
+               "      for (I c = lane; c < C; c += L) out[c] = (" + word + ")pad;\n"
+               "    } else {\n"
+               "      const " + word + "* src = x + n * sN + h * sH + w * sW;\n"
+               "      for (I c = lane; c < C; c += L) out[c] = src[c * sC];\n"
+               "    }\n"
                "  }\n}\n";
     const cuda::CUfunction f = cuda::detail::kernel_function(k, device);
-    const std::int64_t total = cols.numel();
+    const std::int64_t segs = cols.size(0) * win.kh * win.kw;
     cuda::detail::Args a;
     a.add_ptr(x.data_ptr());
     a.add_ptr(cols.data_ptr());
-    for (std::int64_t v : {total, x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2), x.stride(3), OH, OW,
+    for (std::int64_t v : {segs, x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2), x.stride(3), OH, OW,
                            win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw})
         a.add(v);
     a.add(static_cast<std::int64_t>(pad_bits));
-    const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 1 << 20));
+    std::int64_t lanes = 1;
+    while (lanes < 32 && lanes < x.size(1)) lanes *= 2;
+    a.add(lanes);
+    const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>((segs * lanes + 255) / 256, 1 << 20));
     cuda::detail::launch(f, grid, 256, 0, cuda::current_stream(device), a.finish());
 }
 
