@@ -365,19 +365,19 @@ inline const char* py_kind_name(PyValue::Kind k) {
     return "?";
 }
 
-/// Parses the Python literal subset NumPy writes in .npy headers (ast.literal_eval's strings,
-/// True/False/None, integers, tuples, lists, dicts); `error` says what is wrong where otherwise.
-class PyLiteralParser {
+/// The state both header parsers share: the text, a position, the first error and the helpers
+/// around them. `Parser` supplies `bool value(V&, int depth)`.
+template <class Parser, class V> class TextCursor {
 public:
-    explicit PyLiteralParser(std::string_view s) : s_(s) {}
+    explicit TextCursor(std::string_view s) : s_(s) {}
 
-    /// The header's value, or nothing with `error` saying what is wrong and at which byte.
-    std::optional<PyValue> parse_document(std::string& error) {
-        PyValue v;
-        bool ok = value(v, 0);
+    /// The document's value, or nothing with `error` saying what is wrong and at which byte.
+    std::optional<V> parse_document(std::string& error) {
+        V v;
+        bool ok = static_cast<Parser*>(this)->value(v, 0);
         if (ok) {
             skip_ws();
-            if (pos_ != s_.size()) ok = err("unexpected " + found() + " after the header's value");
+            if (pos_ != s_.size()) ok = err("unexpected " + found() + " after " + Parser::document_name);
         }
         if (!ok) {
             error = error_ + " at header byte " + std::to_string(pos_);
@@ -386,9 +386,7 @@ public:
         return v;
     }
 
-private:
-    static constexpr int max_depth = 32;
-
+protected:
     std::string found() const { return describe_byte(s_, pos_); }
     bool err(std::string what) {
         error_ = std::move(what);
@@ -397,6 +395,23 @@ private:
     void skip_ws() {
         while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
     }
+
+    std::string_view s_;
+    std::size_t pos_ = 0;
+    std::string error_;
+};
+
+/// Parses the Python literal subset NumPy writes in .npy headers (ast.literal_eval's strings,
+/// True/False/None, integers, tuples, lists, dicts); `error` says what is wrong where otherwise.
+class PyLiteralParser : public TextCursor<PyLiteralParser, PyValue> {
+    friend class TextCursor<PyLiteralParser, PyValue>;
+
+public:
+    using TextCursor::TextCursor;
+    static constexpr const char* document_name = "the header's value";
+
+private:
+    static constexpr int max_depth = 32;
     bool value(PyValue& v, int depth) {
         skip_ws();
         if (depth > max_depth) return err("nesting deeper than " + std::to_string(max_depth) + " levels");
@@ -492,9 +507,6 @@ private:
         return true;
     }
 
-    std::string_view s_;
-    std::size_t pos_ = 0;
-    std::string error_;
 };
 
 /// What a .npy header describes.
@@ -594,36 +606,15 @@ inline const char* json_kind_name(JsonValue::Kind k) {
 
 /// A strict JSON parser for headers: no comments, no trailing commas, no repeated object keys,
 /// valid UTF-8, nesting at most 64 deep; trailing whitespace (safetensors' padding) is allowed.
-class JsonParser {
-public:
-    explicit JsonParser(std::string_view s) : s_(s) {}
+class JsonParser : public TextCursor<JsonParser, JsonValue> {
+    friend class TextCursor<JsonParser, JsonValue>;
 
-    /// The document's value, or nothing with `error` saying what is wrong and at which byte.
-    std::optional<JsonValue> parse_document(std::string& error) {
-        JsonValue v;
-        bool ok = value(v, 0);
-        if (ok) {
-            skip_ws();
-            if (pos_ != s_.size()) ok = err("unexpected " + found() + " after the top-level value");
-        }
-        if (!ok) {
-            error = error_ + " at header byte " + std::to_string(pos_);
-            return std::nullopt;
-        }
-        return v;
-    }
+public:
+    using TextCursor::TextCursor;
+    static constexpr const char* document_name = "the top-level value";
 
 private:
     static constexpr int max_depth = 64;
-
-    std::string found() const { return describe_byte(s_, pos_); }
-    bool err(std::string what) {
-        error_ = std::move(what);
-        return false;
-    }
-    void skip_ws() {
-        while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
-    }
     bool literal(std::string_view word) {
         if (s_.substr(pos_, word.size()) != word) return err("unexpected " + found() + ", expected a value");
         pos_ += word.size();
@@ -816,9 +807,6 @@ private:
         return true;
     }
 
-    std::string_view s_;
-    std::size_t pos_ = 0;
-    std::string error_;
 };
 
 /// `s` as a JSON string literal (UTF-8 passes through; quotes, backslashes, controls escaped).
