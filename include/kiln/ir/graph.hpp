@@ -98,6 +98,15 @@ struct Node {
     bool is_elementwise() const { return kind == Kind::elementwise; }
 };
 
+/// Runs a Kind::call node on the values of its operands (`vals` indexed by node id), as every
+/// backend's executor does.
+inline Tensor run_call(const Node& n, const std::vector<Tensor>& vals) {
+    std::vector<Tensor> in;
+    in.reserve(n.in.size());
+    for (int j : n.in) in.push_back(vals[static_cast<std::size_t>(j)]);
+    return n.call->run(in);
+}
+
 /// A traced program: nodes in topological order, which of them are inputs and outputs.
 struct Graph {
     std::vector<Node> nodes;

@@ -461,10 +461,7 @@ private:
                     break;
                 }
                 case fuse::Group::Kind::call: {
-                    const ir::Node& n = g_[G.outputs[0]];
-                    std::vector<Tensor> in;
-                    for (int j : n.in) in.push_back(vals[static_cast<std::size_t>(j)]);
-                    vals[static_cast<std::size_t>(G.outputs[0])] = n.call->run(in);
+                    vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g_[G.outputs[0]], vals);
                     break;
                 }
                 case fuse::Group::Kind::view: {

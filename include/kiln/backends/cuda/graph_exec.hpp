@@ -561,10 +561,7 @@ public:
                 }
                 case fuse::Group::Kind::call: {
                     L.flush();  // the op queues its work behind everything before it
-                    const ir::Node& n = g[G.outputs[0]];
-                    std::vector<Tensor> in;
-                    for (int j : n.in) in.push_back(vals[static_cast<std::size_t>(j)]);
-                    vals[static_cast<std::size_t>(G.outputs[0])] = n.call->run(in);
+                    vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g[G.outputs[0]], vals);
                     break;
                 }
                 case fuse::Group::Kind::view: {
