@@ -425,3 +425,82 @@ TEST_CASE("cuda: conv2d, pooling and ResNet-18 match the CPU: direct, compiled, 
     }
     MESSAGE("resnet18 (BatchNorm folded) on CUDA: " << f.kernels() << " kernels and library calls");
 }
+
+TEST_CASE("cuda: cuDNN convolutions (bias, relu, residual, stride, dilation, dtypes) and the direct max pool match float64") {
+    KILN_NEED_GPU();
+    MESSAGE("cuDNN: " << (cuda::cudnn::available() ? "version " + std::to_string(cuda::cudnn::version())
+                                                   : "not used (" + cuda::cudnn::unavailable_reason() + ")"));
+    manual_seed(23);
+    struct Case {
+        std::int64_t c, oc, kh, kw, s, p, d;
+    };
+    const std::size_t calls0 = cuda::cudnn::conv_calls();
+    std::size_t expected_cudnn = 0;
+    for (const Case cs : {Case{3, 16, 7, 7, 2, 3, 1}, Case{8, 8, 3, 3, 1, 1, 1}, Case{6, 12, 1, 1, 2, 0, 1}, Case{5, 4, 3, 2, 1, 2, 2},
+                          Case{16, 32, 3, 3, 2, 1, 1}}) {
+        nn::Window win;
+        win.sh = win.sw = cs.s;
+        win.ph = win.pw = cs.p;
+        win.dh = win.dw = cs.d;
+        win.kh = cs.kh, win.kw = cs.kw;
+        const Tensor x = randn({2, 17, 14, cs.c}), w = randn({cs.oc, cs.c, cs.kh, cs.kw}), b = randn({cs.oc});
+        const Shape ys{2, win.out_h(17), win.out_w(14), cs.oc};
+        const Tensor z = randn(ys);
+        const Tensor x64 = x.to(DType::f64), w64 = w.to(DType::f64), b64 = b.to(DType::f64), z64 = z.to(DType::f64);
+        for (nn::Act act : {nn::Act::none, nn::Act::relu, nn::Act::gelu_tanh})
+            for (int form = 0; form < 4; ++form) {  // bits: bias, residual
+                CAPTURE(cs.c);
+                CAPTURE(cs.kh);
+                CAPTURE(static_cast<int>(act));
+                CAPTURE(form);
+                const Tensor bb = form & 1 ? b : Tensor{}, bb64 = form & 1 ? b64 : Tensor{};
+                const Tensor zz = form & 2 ? z : Tensor{}, zz64 = form & 2 ? z64 : Tensor{};
+                const Tensor ref = nn::detail::conv2d_nhwc(x64, w64, bb64, win, act, Loc::current(), zz64);
+                const Tensor got = nn::detail::conv2d_nhwc(cu(x), cu(w), form & 1 ? cu(bb) : bb, win, act, Loc::current(),
+                                                           form & 2 ? cu(zz) : zz);
+                CHECK(got.shape() == ys);
+                CHECK(rel_err(got, ref) < 1e-5);
+                if (act != nn::Act::gelu_tanh) ++expected_cudnn;
+                // bf16 and f16: cuDNN's tensor-core kernels (f32 accumulation)
+                for (DType dt : {DType::bf16, DType::f16}) {
+                    const Tensor g = nn::detail::conv2d_nhwc(cu(x).to(dt), cu(w).to(dt), form & 1 ? cu(bb).to(dt) : bb, win, act,
+                                                             Loc::current(), form & 2 ? cu(zz).to(dt) : zz);
+                    CHECK(rel_err(g, ref) < (dt == DType::bf16 ? 2e-2 : 4e-3));
+                    if (act != nn::Act::gelu_tanh) ++expected_cudnn;
+                }
+            }
+        // NCHW input (a permuted view) and f64 (cuDNN not used for float64)
+        const Tensor xn = x.permute({0, 3, 1, 2}).contiguous();
+        CHECK(rel_err(nn::conv2d(cu(xn), cu(w), cu(b), win, nn::Act::relu),
+                      nn::conv2d(xn.to(DType::f64), w64, b64, win, nn::Act::relu)) < 1e-5);
+        ++expected_cudnn;
+        CHECK(rel_err(nn::conv2d(cu(x64).permute({0, 3, 1, 2}), cu(w64), cu(b64), win),
+                      nn::conv2d(x64.permute({0, 3, 1, 2}), w64, b64, win)) < 1e-12);
+    }
+    // at least one cuDNN call per eligible conv (outside a capture an epilogue conv also warms the fused call once)
+    if (cuda::cudnn::available()) CHECK(cuda::cudnn::conv_calls() - calls0 >= expected_cudnn);
+    // compiled: the residual conv is one call node
+    {
+        nn::Window win;
+        win.ph = win.pw = 1;
+        win.kh = win.kw = 3;
+        const Tensor x = cu(randn({2, 9, 9, 8})), w = cu(randn({8, 8, 3, 3})), b = cu(randn({8}));
+        auto f = compile([&](const Tensor& t) { return nn::detail::conv2d_nhwc(t, w, b, win, nn::Act::relu, Loc::current(), t); });
+        const Tensor ref = nn::detail::conv2d_nhwc(x.cpu().to(DType::f64), w.cpu().to(DType::f64), b.cpu().to(DType::f64), win,
+                                                   nn::Act::relu, Loc::current(), x.cpu().to(DType::f64));
+        CHECK(rel_err(f(x), ref) < 1e-5);
+        CHECK(f.kernels() == 1);
+        CHECK_THROWS_AS(nn::detail::conv2d_nhwc(x, w, b, win, nn::Act::relu, Loc::current(), cu(randn({2, 9, 9, 4}))), ShapeError);
+    }
+    // max pool: one thread per output on CUDA for f32/f64/i32/i64 (im2col for the 16-bit floats)
+    for (const nn::Window pool : {nn::Window{3, 3, 2, 2, 1, 1, 1, 1}, nn::Window{2, 3, 1, 2, 0, 1, 2, 1}, nn::Window{7, 7, 7, 7, 0, 0, 1, 1}}) {
+        Tensor x = randn({2, 5, 21, 14});
+        x.data<float>()[17] = std::nanf("");
+        for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64, DType::bf16}) {
+            CAPTURE(dtype_name(dt));
+            const Tensor xt = dt == DType::i32 || dt == DType::i64 ? Tensor(x * 100.0).to(dt) : x.to(dt);
+            CHECK(equal(nn::max_pool2d(cu(xt), pool), nn::max_pool2d(xt, pool)));
+            CHECK(equal(nn::max_pool2d(cu(nn::detail::channels_last(xt)), pool), nn::max_pool2d(xt, pool)));
+        }
+    }
+}

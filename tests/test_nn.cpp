@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <unistd.h>
 #include <kiln/kiln.hpp>
 #include <string>
@@ -396,4 +397,132 @@ TEST_CASE("nn::ResNet18: direct, compiled, BatchNorm folded into the convolution
     CHECK(max_rel(g(x), y) < 1e-4);
     MESSAGE("resnet18 compiled on the CPU: " << f.kernels() << " kernels, folded " << g.kernels());
     CHECK(g.kernels() < f.kernels());
+}
+
+TEST_CASE("compile with freeze: BatchNorm2d (and relu) fold into the convolution before them; writes are then not seen") {
+    manual_seed(23);
+    auto random_bn = [](std::int64_t c) {
+        nn::BatchNorm2d bn(c);
+        bn.weight = Tensor(rand({c}) + 0.5);
+        bn.bias = Tensor(randn({c}) * 0.1);
+        bn.running_mean = Tensor(randn({c}) * 0.1);
+        bn.running_var = Tensor(rand({c}) + 0.5);
+        return bn;
+    };
+    nn::Conv2d conv(3, 8, 3, 1, 1);  // with a bias
+    nn::Conv2d conv_nb(3, 8, 3, 2, 1, false);
+    conv_nb.win.sh = 1;  // stride (1, 2)
+    const nn::BatchNorm2d bn = random_bn(8);
+    const Tensor x = randn({2, 3, 10, 9});
+    // float64 reference: loops for the convolution, BatchNorm2d's formula in float64
+    auto ref = [&](const nn::Conv2d& c, bool relu_after) {
+        const Tensor y = ref_conv(x, c.weight, c.bias, c.win, false);
+        auto per_c = [](const Tensor& p) { return p.to(DType::f64).view({p.size(0), 1, 1}); };
+        const Tensor z = Tensor((y - per_c(bn.running_mean)) / kiln::sqrt(per_c(bn.running_var) + bn.eps) * per_c(bn.weight) + per_c(bn.bias));
+        return relu_after ? Tensor(relu(z)) : z;
+    };
+    const std::string key = "conv2d(k=3x3, stride=1x1, padding=1x1, dilation=1x1, bias, relu)";
+    auto nhwc = [](const Tensor& t) { return t.permute({0, 2, 3, 1}); };
+    auto nchw = [](const Tensor& t) { return t.permute({0, 3, 1, 2}); };
+    SUBCASE("conv -> BatchNorm2d -> relu, over NHWC (as ResNet18 runs) and NCHW (the modules), with and without a conv bias") {
+        for (const bool channels_last : {true, false})
+            for (const nn::Conv2d* c : {&conv, &conv_nb}) {
+                CAPTURE(channels_last);
+                CAPTURE(c->bias.defined());
+                auto fn = [&, c](const Tensor& t) {
+                    if (channels_last) return nchw(Tensor(relu(bn.nhwc(c->nhwc(nhwc(t))))));
+                    return Tensor(relu(bn((*c)(t))));
+                };
+                auto plain = compile(fn);
+                auto frozen = compile(fn, {.freeze = true});
+                const Tensor r = ref(*c, true), eager = fn(x);
+                CHECK(max_rel(eager, r) < 1e-5);
+                CHECK(max_rel(plain(x), r) < 1e-5);
+                CHECK(max_rel(frozen(x), r) < 1e-5);
+                // the BatchNorm's elementwise work and the relu are gone: one call, no kernel of their own
+                CHECK(frozen.kernels() < plain.kernels());
+                CHECK(frozen.kernels() == 1);
+                const std::string g = frozen.graph();
+                CAPTURE(g);
+                CHECK(g.find(c->bias.defined() ? key : "conv2d(k=3x3, stride=1x2, padding=1x1, dilation=1x1, bias, relu)") !=
+                      std::string::npos);
+                CHECK(g.find("sub(") == std::string::npos);
+                CHECK(g.find("mul(") == std::string::npos);
+                CHECK(g.find("rsqrt(") == std::string::npos);
+                CHECK(plain.graph().find("sub(") != std::string::npos);
+            }
+    }
+    SUBCASE("a write into running_mean between calls: seen without freeze, not seen with it (the program took a snapshot)") {
+        nn::BatchNorm2d b2 = random_bn(8);
+        auto fn = [&](const Tensor& t) { return nchw(Tensor(relu(b2.nhwc(conv.nhwc(nhwc(t)))))); };
+        auto plain = compile(fn);
+        auto frozen = compile(fn, {.freeze = true});
+        const Tensor before = fn(x), frozen_before = frozen(x);
+        CHECK(max_rel(plain(x), before) < 1e-6);
+        b2.running_mean.fill_(0.75);  // in place: the captured tensor itself
+        const Tensor after = fn(x);
+        CHECK(max_rel(after, before) > 0.1);
+        CHECK(max_rel(plain(x), after) < 1e-6);              // read at run time
+        CHECK(max_rel(frozen(x), frozen_before) == 0);       // folded at compile time
+        CHECK(max_rel(frozen(x), before) < 1e-5);
+        CHECK(plain.compiles() == 1);
+        CHECK(frozen.compiles() == 1);
+    }
+    SUBCASE("no fold: the convolution read twice, an operand that is not per channel; a prefix of the chain folds") {
+        const Tensor hwc = randn({10, 9, 8});  // broadcast over (H, W, C): not one value per channel
+        auto two_readers = [&](const Tensor& t) {
+            const Tensor y = conv.nhwc(nhwc(t));
+            return nchw(Tensor(bn.nhwc(y) + y));
+        };
+        auto not_per_channel = [&](const Tensor& t) { return nchw(Tensor(conv.nhwc(nhwc(t)) * hwc + 1.0)); };
+        auto prefix = [&](const Tensor& t) { return nchw(Tensor((conv.nhwc(nhwc(t)) - bn.running_mean) * hwc)); };
+        const Tensor y = ref_conv(x, conv.weight, conv.bias, conv.win, false);
+        const Tensor hwc_nchw = hwc.to(DType::f64).permute({2, 0, 1});
+        const Tensor mean_c = bn.running_mean.to(DType::f64).view({8, 1, 1});
+        const std::vector<Tensor> refs{Tensor(ref(conv, false) + y), Tensor(y * hwc_nchw + 1.0), Tensor((y - mean_c) * hwc_nchw)};
+        const std::vector<std::function<Tensor(const Tensor&)>> fns{two_readers, not_per_channel, prefix};
+        for (std::size_t i = 0; i < fns.size(); ++i) {
+            CAPTURE(i);
+            auto plain = compile(fns[i]);
+            auto frozen = compile(fns[i], {.freeze = true});
+            CHECK(max_rel(plain(x), refs[i]) < 1e-5);
+            CHECK(max_rel(frozen(x), refs[i]) < 1e-5);
+            if (i < 2) {
+                CHECK(frozen.graph() == plain.graph());  // the pass changed nothing
+            } else {
+                CHECK(frozen.graph().find("sub(") == std::string::npos);  // the mean went into the bias
+                CHECK(frozen.graph().find("mul(") != std::string::npos);  // the (H, W, C) product stayed
+            }
+        }
+    }
+    SUBCASE("a graph-breaking function: the frozen segment is compiled once and reused") {
+        auto fn = [&](const Tensor& t) {
+            const float s = sum(t).item<float>();  // a graph break
+            return nchw(Tensor(relu(bn.nhwc(conv.nhwc(nhwc(t)))) * (s == s ? 1.0 : 0.0)));
+        };
+        auto frozen = compile(fn, {.freeze = true});
+        for (int i = 0; i < 3; ++i) CHECK(max_rel(frozen(x), ref(conv, true)) < 1e-5);
+        CHECK(frozen.report().find("segments compiled: 2") != std::string::npos);
+    }
+    SUBCASE("an unfolded ResNet18: every BatchNorm folded, the result that of the uncompiled model") {
+        nn::ResNet18 net(10);
+        net.visit("", [](const std::string& name, Tensor& t) {
+            if (name.ends_with("running_var")) t = Tensor(rand(t.shape()) + 0.5);
+            else if (name.ends_with("running_mean") || (name.find("bn") != std::string::npos && name.ends_with("bias")))
+                t = Tensor(randn(t.shape()) * 0.1);
+            else if (name.find("bn") != std::string::npos && name.ends_with("weight")) t = Tensor(rand(t.shape()) + 0.5);
+        });
+        const Tensor xi = randn({2, 3, 32, 32});
+        const Tensor y = net(xi);
+        auto plain = compile([&](const Tensor& t) { return net(t); });
+        auto frozen = compile([&](const Tensor& t) { return net(t); }, {.freeze = true});
+        CHECK(max_rel(plain(xi), y) < 1e-4);
+        CHECK(max_rel(frozen(xi), y) < 1e-4);
+        const std::string g = frozen.graph();
+        CHECK(g.find("rsqrt(") == std::string::npos);
+        CHECK(g.find("sub(") == std::string::npos);
+        CHECK(g.find("k=7x7, stride=2x2, padding=3x3, dilation=1x1, bias, relu)") != std::string::npos);  // the stem
+        MESSAGE("resnet18 on the CPU: " << plain.kernels() << " kernels unfolded, " << frozen.kernels() << " frozen");
+        CHECK(frozen.kernels() < plain.kernels());
+    }
 }

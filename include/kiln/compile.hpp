@@ -61,6 +61,11 @@ struct Options {
     int recompile_limit = 8;
     Stance stance = Stance::fallback_eager;
     bool fullgraph = false;  ///< a graph break throws GraphBreakError instead of splitting the graph
+    /// Like torch inductor's freezing: captured tensors are snapshotted at compile time (each
+    /// compile, recompiles included, takes its own snapshot); passes may fold them (BatchNorm into
+    /// its convolution: passes/fold_conv_affine.hpp); later writes to them are not seen. Off:
+    /// captured tensors are read on every call.
+    bool freeze = false;
     std::function<Executable(const ir::Graph&)> custom_backend{};
     fuse::Limits limits{};
 };
@@ -482,7 +487,9 @@ private:
 
     /// Runs a segment through the segment cache (graph-breaking functions).
     Executable segment_runner(const ir::Graph& raw, const std::vector<Tensor>& inputs) {
-        ir::Graph g = passes::run_pipeline(raw, graph_logger());
+        // the key comes from the graph without freezing: folding makes new constants on every
+        // trace, whose addresses would never hash the same twice
+        ir::Graph g = passes::run_pipeline(raw, opt_.freeze ? nullptr : graph_logger());
         const std::uint64_t h = ir::structural_hash(g);
         std::lock_guard lock(state_->seg_mu);
         for (const auto& s : state_->segments) {
@@ -491,6 +498,7 @@ private:
             for (std::size_t i = 0; i < inputs.size() && ok; ++i) ok = s.guards[i].matches(inputs[i]);
             if (ok) return s.run;
         }
+        if (opt_.freeze) g = passes::run_pipeline(raw, graph_logger(), {.freeze = true});
         detail::Segment s{h, {}, {}};
         for (const Tensor& t : inputs) s.guards.push_back(cache::TensorGuard::of(t, {}));
         int kernels = 0;
@@ -552,7 +560,7 @@ private:
         // one whole graph
         ir::Graph& g = tr.graph();
         for (const Tensor& t : outs.tensors) g.outputs.push_back(tr.node_of(t));
-        ir::Graph opt = passes::run_pipeline(g, graph_logger());
+        ir::Graph opt = passes::run_pipeline(g, graph_logger(), {.freeze = opt_.freeze});
         polymorphic_ = detail::shape_polymorphic(opt);
         bool dynamic = false;
         for (const auto& gd : entry.guards)

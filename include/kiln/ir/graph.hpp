@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -59,11 +60,27 @@ inline const char* view_name(ViewKind) { return "as_strided"; }
 
 /// A library op in a graph (Kind::call): computes its output from concrete operand tensors on any
 /// device, outside kiln's code generation, like a matmul. `key` names it with every attribute, for
-/// hashing, printing and common subexpressions ("conv2d(stride=2, padding=3, act=relu)").
+/// hashing, printing and common subexpressions ("conv2d(stride=2, padding=3, act=relu)"): two ops
+/// with one key must compute the same function of their operands.
+///
+/// The optional hooks let passes rewrite an op without knowing what it is (passes/fold_conv_affine.hpp):
+/// - `fold_affine(operands, scale, shift)`: an op and operands computing `op(operands) * scale +
+///   shift`, scale and shift 1-D float64 tensors over the output's last dim. `operands[i]` holds the
+///   tensor of operand i where the graph has it as a captured constant, and is undefined otherwise.
+///   In the result, an undefined operand i stands for the original operand i (the same graph
+///   value); a defined one is a new constant. nullopt where the op cannot take the map.
+/// - `with_relu()`: the op computing `relu(op(operands))` over the same operands, or null.
 struct CallOp {
+    /// An op and its operands after a rewrite (see fold_affine).
+    struct Rewrite {
+        std::shared_ptr<const CallOp> op;
+        std::vector<Tensor> operands;
+    };
     std::string key;
     std::function<Tensor(const std::vector<Tensor>&)> run;  ///< operands -> the output (async on the device's stream)
     std::function<Shape(const std::vector<Shape>&)> shape;  ///< output shape from operand shapes (dynamic dims)
+    std::function<std::optional<Rewrite>(const std::vector<Tensor>&, const Tensor&, const Tensor&)> fold_affine{};
+    std::function<std::shared_ptr<const CallOp>()> with_relu{};
 };
 
 /// One value of the graph. Operands always precede their users (the node list is topological).

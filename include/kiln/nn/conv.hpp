@@ -1,6 +1,7 @@
 // Convolutions and pooling for NCHW tensors, and ResNet-18.
 //
-// conv2d is im2col + one GEMM: the (N*OH*OW, C*KH*KW) patch matrix (padding, stride and dilation
+// On CUDA, conv2d runs on cuDNN where it is present (backends/cuda/cudnn.hpp: bias, relu and a
+// residual add in the same call). Otherwise, and on the CPU, conv2d is im2col + one GEMM: the (N*OH*OW, C*KH*KW) patch matrix (padding, stride and dilation
 // handled while it is gathered: a loop over threads on the CPU, one generated kernel on CUDA) times
 // the (OC, C*KH*KW) weight, through nn::linear, so bias and relu ride in the GEMM's epilogue on
 // CUDA. The result is (N*OH*OW, OC), i.e. channels-last memory, returned as an NCHW view; later
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/thread_pool.hpp"
+#include "kiln/backends/cuda/cudnn.hpp"
 #include "kiln/backends/cuda/graph_exec.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/trace/tracer.hpp"
@@ -35,9 +37,12 @@ struct Window {
 
 namespace detail {
 
-/// The bits of -inf in a floating dtype (pooling's padding), 0 otherwise.
+/// The bits of the lowest value of a dtype (pooling's padding): -inf for floats, the minimum for
+/// integers, false for bool.
 inline std::uint64_t neg_inf_bits(DType d) {
     switch (d) {
+        case DType::i32: return 0x80000000u;
+        case DType::i64: return 0x8000000000000000ull;
         case DType::f32: return 0xff800000u;
         case DType::f64: return 0xfff0000000000000ull;
         case DType::f16: return 0xfc00u;
@@ -122,6 +127,67 @@ inline void im2col_cuda(const Tensor& x, const Window& win, std::int64_t OH, std
     cuda::detail::launch(f, grid, 256, 0, cuda::current_stream(device), a.finish());
 }
 
+/// The C type of a dtype the direct max-pool kernel takes, or null (f16/bf16/bool take im2col).
+inline const char* pool_ctype(DType d) {
+    switch (d) {
+        case DType::f32: return "float";
+        case DType::f64: return "double";
+        case DType::i32: return "int";
+        case DType::i64: return "long long";
+        default: return nullptr;
+    }
+}
+
+/// max_pool2d of x (N, H, W, C; any strides) into y (N, OH, OW, C; contiguous) with one thread per
+/// output element: channels fastest, so a warp reads 32 neighbouring channels of each window
+/// position. NaN wins (as in torch); padding never does (the window holds at least one input).
+inline void max_pool_cuda(const Tensor& x, const Window& win, Tensor& y) {
+    const int device = x.device().index;
+    const char* T = pool_ctype(x.dtype());
+    const std::int64_t span = (x.size(0) - 1) * x.stride(0) + (x.size(1) - 1) * x.stride(1) + (x.size(2) - 1) * x.stride(2) +
+                              (x.size(3) - 1) * x.stride(3) + 1;
+    const bool i64 = y.numel() >= (std::int64_t{1} << 31) || span >= (std::int64_t{1} << 31);
+    const char* I = i64 ? "long long" : "int";
+    const std::string lowest = x.dtype() == DType::f32   ? "__int_as_float(0xff800000)"
+                               : x.dtype() == DType::f64 ? "__longlong_as_double(0xfff0000000000000LL)"
+                               : x.dtype() == DType::i32 ? "(-2147483647 - 1)"
+                                                         : "(-9223372036854775807LL - 1)";
+    cuda::detail::KernelText k;
+    k.name = "kiln_max_pool_" + std::string(dtype_name(x.dtype())) + (i64 ? "_i64" : "_i32");
+    k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
+               "(const T* __restrict__ x, T* __restrict__ y, long long total_, long long C_, long long H_, long long W_, "
+               "long long sN_, long long sH_, long long sW_, long long sC_, long long OH_, long long OW_, long long KH_, long long KW_, "
+               "long long SH_, long long SW_, long long PH_, long long PW_, long long DH_, long long DW_) {\n"
+               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n"
+               "  const I OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_;\n"
+               "  const I DH = (I)DH_, DW = (I)DW_;\n"
+               "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
+               "    const I c = i % C, r = i / C, ow = r % OW, r2 = r / OW, oh = r2 % OH, n = r2 / OH;\n"
+               "    const T* base = x + n * sN + c * sC;\n"
+               "    T m = " + lowest + ";\n"
+               "    for (I a = 0; a < KH; ++a) {\n"
+               "      const I h = oh * SH - PH + a * DH;\n"
+               "      if (h < 0 || h >= H) continue;\n"
+               "      for (I b = 0; b < KW; ++b) {\n"
+               "        const I w = ow * SW - PW + b * DW;\n"
+               "        if (w < 0 || w >= W) continue;\n"
+               "        const T v = base[h * sH + w * sW];\n"
+               "        if (v > m || v != v) m = v;\n"
+               "      }\n"
+               "    }\n"
+               "    y[i] = m;\n"
+               "  }\n}\n";
+    const cuda::CUfunction f = cuda::detail::kernel_function(k, device);
+    cuda::detail::Args a;
+    a.add_ptr(x.data_ptr());
+    a.add_ptr(y.data_ptr());
+    for (std::int64_t v : {y.numel(), x.size(3), x.size(1), x.size(2), x.stride(0), x.stride(1), x.stride(2), x.stride(3), y.size(1),
+                           y.size(2), win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw})
+        a.add(v);
+    const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>((y.numel() + 255) / 256, 1 << 20));
+    cuda::detail::launch(f, grid, 256, 0, cuda::current_stream(device), a.finish());
+}
+
 /// The (N*OH*OW, KH*KW*C) patch matrix of x (N, C, H, W; any strides), columns in (kh, kw, c)
 /// order; padding reads pad_bits.
 inline Tensor im2col(const Tensor& x, const Window& win, std::uint64_t pad_bits) {
@@ -164,9 +230,87 @@ namespace detail {
 /// x as (N, C, H, W) for messages, from its channels-last (N, H, W, C) logical shape.
 inline Shape nchw_of(const Shape& nhwc) { return nhwc.rank() == 4 ? Shape{nhwc[0], nhwc[3], nhwc[1], nhwc[2]} : nhwc; }
 
+/// w * scale and (bias - mean) * scale + shift per output channel (weight (OC, C, KH, KW); bias and
+/// mean (OC) or undefined, read as 0), computed in float64 and stored in the weight's dtype and
+/// device, the weight channels-last (conv2d reads (OC, KH, KW, C) rows).
+inline std::pair<Tensor, Tensor> fold_scale_shift(const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& scale,
+                                                  const Tensor& shift) {
+    const DType dt = weight.dtype();
+    const Device dev = weight.device();
+    const std::int64_t oc = weight.size(0);
+    auto f64 = [](const Tensor& t) { return t.cpu().to(DType::f64); };
+    const Tensor s = f64(scale);
+    const Tensor w = Tensor(f64(weight) * s.view({oc, 1, 1, 1}));
+    const Tensor b0 = bias.defined() ? f64(bias) : zeros({oc}, DType::f64);
+    const Tensor b = mean.defined() ? Tensor((b0 - f64(mean)) * s + f64(shift)) : Tensor(b0 * s + f64(shift));
+    return {channels_last(w.to(dt).to(dev)), b.to(dt).to(dev)};
+}
+
+/// The library op of conv2d_nhwc (operands {x, weight, bias?, residual?}), with the hooks through
+/// which passes fold a following per-channel affine map (BatchNorm) and relu into it.
+inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias, bool has_res, const Loc& loc) {
+    auto op = std::make_shared<ir::CallOp>();
+    op->key = "conv2d(" + win.str() + (has_bias ? ", bias" : "") + (has_res ? ", residual" : "") +
+              (act == Act::relu ? ", relu" : act == Act::gelu_tanh ? ", gelu_tanh" : "") + ")";
+    op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[1][0]}; };
+    op->run = [win, act, has_bias, has_res, loc](const std::vector<Tensor>& in) {
+        const Tensor& w = in[1];
+        const Tensor b = has_bias ? in[2].to(in[0].dtype(), loc) : Tensor{};
+        const Tensor z = has_res ? in[has_bias ? 3 : 2] : Tensor{};
+        const Tensor xx = in[0].permute({0, 3, 1, 2});  // NCHW view
+        const Shape ys{xx.size(0), win.out_h(xx.size(2)), win.out_w(xx.size(3)), w.size(0)};
+        // the weight as (OC, KH, KW, C): free when it is stored channels-last (fold_batchnorm does)
+        const Tensor wl = w.permute({0, 2, 3, 1}).contiguous();
+        const bool one_dtype = w.dtype() == xx.dtype() && (!z.defined() || z.dtype() == xx.dtype());
+        if (xx.device().is_cuda() && one_dtype && act != Act::gelu_tanh && cuda::cudnn::available()) {
+            Tensor y(ys, xx.dtype(), xx.device());
+            const Tensor xc = channels_last(xx).permute({0, 2, 3, 1}), bc = b.defined() ? b.contiguous() : b;
+            const Tensor zc = z.defined() ? z.contiguous() : z;
+            const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
+            const Tensor* bp = b.defined() ? &bc : nullptr;
+            const Tensor* zp = z.defined() ? &zc : nullptr;
+            const bool is_relu = act == Act::relu, epilogue = bp || zp || is_relu;
+            using cuda::cudnn::FusedEpilogues;
+            const FusedEpilogues mode = cuda::cudnn::fused_epilogues();
+            const bool capturing = cuda::cudnn::capturing(cuda::current_stream(xx.device().index));
+            if (epilogue && (mode == FusedEpilogues::always || (mode == FusedEpilogues::capture && capturing)) &&
+                cuda::cudnn::conv2d_forward(xc, wl, bp, zp, is_relu, cp, y))
+                return y;
+            // outside a capture, choose the fused call's algorithm now, so a later capture finds it
+            if (epilogue && mode == FusedEpilogues::capture && !capturing && !cuda::cudnn::conv2d_planned(xc, wl, bp, zp, is_relu, cp)) {
+                Tensor scratch(ys, xx.dtype(), xx.device());
+                cuda::cudnn::conv2d_forward(xc, wl, bp, zp, is_relu, cp, scratch);
+            }
+            // the convolution alone on cuDNN, then bias, residual and act as one kiln kernel
+            if (cuda::cudnn::conv2d_forward(xc, wl, nullptr, nullptr, false, cp, y)) {
+                const auto epi = [&](const auto& e) { return act == Act::relu ? Tensor(relu(e), loc) : Tensor(e, loc); };
+                if (b.defined() && z.defined()) return epi(y + b + z);
+                if (b.defined()) return epi(y + b);
+                if (z.defined()) return epi(y + z);
+                return act == Act::relu ? Tensor(relu(y), loc) : y;
+            }
+        }
+        const Tensor cols = im2col(channels_last(xx), win, 0);
+        const Tensor w2 = wl.view({w.size(0), w.size(1) * w.size(2) * w.size(3)});
+        if (!has_res) return linear(cols, w2, b, act, loc).view(ys);
+        return add_act(linear(cols, w2, b, Act::none, loc).view(ys), z, act, loc);
+    };
+    if (act == Act::none && !has_res)
+        op->fold_affine = [win, has_bias, loc](const std::vector<Tensor>& in, const Tensor& scale,
+                                               const Tensor& shift) -> std::optional<ir::CallOp::Rewrite> {
+            if (!in[1].defined() || (has_bias && !in[2].defined())) return std::nullopt;  // not captured tensors
+            auto [w, b] = fold_scale_shift(in[1], has_bias ? in[2] : Tensor{}, Tensor{}, scale, shift);
+            return ir::CallOp::Rewrite{conv2d_op(win, Act::none, true, false, loc), {Tensor{}, std::move(w), std::move(b)}};
+        };
+    if (act == Act::none) op->with_relu = [=] { return conv2d_op(win, Act::relu, has_bias, has_res, loc); };
+    return op;
+}
+
 /// conv2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, OC): the GEMM's rows as they
 /// are, so the elementwise work after it reads and writes contiguous memory.
-inline Tensor conv2d_nhwc(const Tensor& x, const Tensor& weight, const Tensor& bias, Window win, Act act, const Loc& loc) {
+/// With a residual z (N, OH, OW, OC): act(conv + bias + z), one cuDNN call where cuDNN runs it.
+inline Tensor conv2d_nhwc(const Tensor& x, const Tensor& weight, const Tensor& bias, Window win, Act act, const Loc& loc,
+                          const Tensor& residual = {}) {
     if (weight.rank() != 4)
         kiln::detail::fail<ShapeError>("conv2d", "weight must be 4-D (out, in, kh, kw), got " + weight.shape().str(), loc);
     win.kh = weight.size(2);
@@ -179,22 +323,14 @@ inline Tensor conv2d_nhwc(const Tensor& x, const Tensor& weight, const Tensor& b
     if (bias.defined() && (bias.rank() != 1 || bias.size(0) != weight.size(0)))
         kiln::detail::fail<ShapeError>("conv2d", "bias " + bias.shape().str() + " does not match " + std::to_string(weight.size(0)) +
                                                      " output channels", loc);
-    auto op = std::make_shared<ir::CallOp>();
-    op->key = "conv2d(" + win.str() + (bias.defined() ? ", bias" : "") +
-              (act == Act::relu ? ", relu" : act == Act::gelu_tanh ? ", gelu_tanh" : "") + ")";
-    const bool has_bias = bias.defined();
-    op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[1][0]}; };
-    op->run = [win, act, has_bias, loc](const std::vector<Tensor>& in) {
-        const Tensor xx = in[0].permute({0, 3, 1, 2});  // NCHW view for im2col
-        const Tensor& w = in[1];
-        const Tensor cols = im2col(channels_last(xx), win, 0);
-        // the weight as (OC, KH*KW*C) rows: free when it is stored channels-last (fold_batchnorm does)
-        const Tensor w2 = w.permute({0, 2, 3, 1}).contiguous().view({w.size(0), w.size(1) * w.size(2) * w.size(3)});
-        const Tensor rows = linear(cols, w2, has_bias ? in[2] : Tensor{}, act, loc);
-        return rows.view({xx.size(0), win.out_h(xx.size(2)), win.out_w(xx.size(3)), w.size(0)});
-    };
+    const Shape out{xs[0], win.out_h(xs[2]), win.out_w(xs[3]), weight.size(0)};
+    if (residual.defined() && residual.shape() != out)
+        kiln::detail::fail<ShapeError>("conv2d", "residual " + residual.shape().str() + " does not match the output " + out.str(), loc);
+    const bool has_bias = bias.defined(), has_res = residual.defined();
+    std::shared_ptr<ir::CallOp> op = conv2d_op(win, act, has_bias, has_res, loc);
     std::vector<Tensor> operands{x, weight};
     if (has_bias) operands.push_back(bias);
+    if (has_res) operands.push_back(residual);
     return trace::call_op(std::move(op), operands, x.dtype(), loc);
 }
 
@@ -209,6 +345,11 @@ inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
     op->run = [win, loc](const std::vector<Tensor>& in) {
         const Tensor xx = in[0].permute({0, 3, 1, 2});
         const std::int64_t N = xx.size(0), C = xx.size(1), OH = win.out_h(xx.size(2)), OW = win.out_w(xx.size(3));
+        if (xx.device().is_cuda() && pool_ctype(xx.dtype())) {
+            Tensor y(Shape{N, OH, OW, C}, xx.dtype(), xx.device());
+            if (y.numel() > 0) max_pool_cuda(in[0], win, y);
+            return y;
+        }
         const Tensor cols = im2col(channels_last(xx), win, neg_inf_bits(xx.dtype()));
         // the window's maximum as a running elementwise maximum over its positions: each pass reads
         // one contiguous (rows, C) slice (a reduction over the 9-element middle axis would give
@@ -308,15 +449,10 @@ struct BatchNorm2d {
 /// beta with s = gamma / sqrt(var + eps)), computed in float64; the norm becomes undefined (skipped).
 inline void fold_batchnorm(Conv2d& conv, BatchNorm2d& bn) {
     if (!bn.defined()) return;
-    const DType dt = conv.weight.dtype();
-    const Device dev = conv.weight.device();
-    const std::int64_t oc = conv.weight.size(0);
     const Tensor s = Tensor(bn.weight.cpu().to(DType::f64) * rsqrt(bn.running_var.cpu().to(DType::f64) + bn.eps));
-    const Tensor w = Tensor(conv.weight.cpu().to(DType::f64) * s.view({oc, 1, 1, 1}));
-    const Tensor b0 = conv.bias.defined() ? conv.bias.cpu().to(DType::f64) : zeros({oc}, DType::f64);
-    const Tensor b = Tensor((b0 - bn.running_mean.cpu().to(DType::f64)) * s + bn.bias.cpu().to(DType::f64));
-    conv.weight = detail::channels_last(w.to(dt).to(dev));  // conv2d reads (OC, KH, KW, C) rows
-    conv.bias = b.to(dt).to(dev);
+    auto [w, b] = detail::fold_scale_shift(conv.weight, conv.bias, bn.running_mean, s, bn.bias);
+    conv.weight = std::move(w);
+    conv.bias = std::move(b);
     bn = BatchNorm2d{};
 }
 
@@ -342,14 +478,14 @@ struct BasicBlock {
     Tensor nhwc(const Tensor& x, Loc loc = Loc::current()) const {
         Tensor h = conv1.nhwc(x, loc);
         if (bn1.defined()) h = Tensor(relu(bn1.nhwc(h, loc)), loc);
-        Tensor y = conv2.nhwc(h, loc);
-        if (bn2.defined()) y = bn2.nhwc(y, loc);
         Tensor s = x;
         if (down.weight.defined()) {
             s = down.nhwc(x, loc);
             if (down_bn.defined()) s = down_bn.nhwc(s, loc);
         }
-        return Tensor(relu(y + s), loc);
+        // folded: relu(conv2(h) + bias + s) is one call (one cuDNN kernel on CUDA)
+        if (!bn2.defined()) return detail::conv2d_nhwc(h, conv2.weight, conv2.bias, conv2.win, Act::relu, loc, s);
+        return Tensor(relu(bn2.nhwc(conv2.nhwc(h, loc), loc) + s), loc);
     }
     void fold() {
         fold_batchnorm(conv1, bn1);

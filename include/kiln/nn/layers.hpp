@@ -49,6 +49,13 @@ inline Tensor uniform(const Shape& s, double bound, const Init& o) {
     return Tensor((rand(s) * 2.0 - 1.0) * bound).to(o.dtype).to(o.device);
 }
 
+/// act(y + b) (b broadcast against y) as one expression statement.
+inline Tensor add_act(const Tensor& y, const Tensor& b, Act act, const Loc& loc) {
+    if (act == Act::relu) return Tensor(relu(y + b), loc);
+    if (act == Act::gelu_tanh) return Tensor(gelu_tanh(y + b), loc);
+    return Tensor(y + b, loc);
+}
+
 /// act(x @ w^T + b) as an expression statement (the CPU, and every traced call: the fuser hands
 /// bias and activation to cuBLASLt where it can).
 inline Tensor linear_expr(const Tensor& x, const Tensor& w, const Tensor& b, Act act, const Loc& loc) {
@@ -58,9 +65,7 @@ inline Tensor linear_expr(const Tensor& x, const Tensor& w, const Tensor& b, Act
         if (act == Act::gelu_tanh) return Tensor(gelu_tanh(y), loc);
         return y;
     }
-    if (act == Act::relu) return Tensor(relu(y + b), loc);
-    if (act == Act::gelu_tanh) return Tensor(gelu_tanh(y + b), loc);
-    return Tensor(y + b, loc);
+    return add_act(y, b, act, loc);
 }
 
 }  // namespace detail

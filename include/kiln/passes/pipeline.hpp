@@ -9,13 +9,22 @@
 #include "kiln/ir/verify.hpp"
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_code.hpp"
+#include "kiln/passes/fold_conv_affine.hpp"
 #include "kiln/passes/fold_constants.hpp"
 #include "kiln/passes/simplify.hpp"
 
 namespace kiln::passes {
 
+/// What the pipeline may assume about the graph.
+struct PipelineOptions {
+    /// Captured tensors (Kind::constant) may be read now and folded into new constants
+    /// (kiln::Options::freeze): fold_conv_affine runs.
+    bool freeze = false;
+};
+
 /// Runs the passes in order; `log(name, graph)` (when set) sees the graph after each one.
-inline ir::Graph run_pipeline(ir::Graph g, const std::function<void(const std::string&, const ir::Graph&)>& log = {}) {
+inline ir::Graph run_pipeline(ir::Graph g, const std::function<void(const std::string&, const ir::Graph&)>& log = {},
+                              PipelineOptions opt = {}) {
     auto step = [&](const char* name, ir::Graph next) {
         ir::verify(next, name);
         if (log) log(name, next);
@@ -26,6 +35,7 @@ inline ir::Graph run_pipeline(ir::Graph g, const std::function<void(const std::s
     g = step("fold_constants", fold_constants(std::move(g)));
     g = step("eliminate_common_subexpressions", eliminate_common_subexpressions(g));
     g = step("simplify", simplify(g));
+    if (opt.freeze) g = step("fold_conv_affine", fold_conv_affine(g));
     g = step("fold_constants", fold_constants(std::move(g)));
     g = step("eliminate_common_subexpressions", eliminate_common_subexpressions(g));
     g = step("eliminate_dead_code", eliminate_dead_code(g));

@@ -105,6 +105,7 @@ enum DeviceAttribute : int {
       CUresult(int*, CUfunction, int, std::size_t))                                                   \
     X(stream_begin_capture, "cuStreamBeginCapture_v2", CUresult(CUstream, int))                       \
     X(stream_end_capture, "cuStreamEndCapture", CUresult(CUstream, CUgraph*))                         \
+    X(stream_is_capturing, "cuStreamIsCapturing", CUresult(CUstream, int*))                           \
     X(graph_instantiate, "cuGraphInstantiateWithFlags", CUresult(CUgraphExec*, CUgraph, unsigned long long)) \
     X(graph_launch, "cuGraphLaunch", CUresult(CUgraphExec, CUstream))                                 \
     X(graph_exec_destroy, "cuGraphExecDestroy", CUresult(CUgraphExec))                                \
