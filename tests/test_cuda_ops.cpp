@@ -479,6 +479,21 @@ TEST_CASE("cuda: cuDNN convolutions (bias, relu, residual, stride, dilation, dty
     }
     // at least one cuDNN call per eligible conv (outside a capture an epilogue conv also warms the fused call once)
     if (cuda::cudnn::available()) CHECK(cuda::cudnn::conv_calls() - calls0 >= expected_cudnn);
+    // f32 with TF32 allowed (tensor-core engines; through cuDNN's graph API with a cached plan)
+    {
+        nn::Window win;
+        win.ph = win.pw = 1;
+        win.kh = win.kw = 3;
+        const Tensor x = randn({4, 12, 10, 32}), w = randn({48, 32, 3, 3}), b = randn({48});
+        const Tensor ref = nn::detail::conv2d_nhwc(x.to(DType::f64), w.to(DType::f64), b.to(DType::f64), win, nn::Act::relu, Loc::current());
+        cuda::set_allow_tf32(true);
+        const std::size_t c0 = cuda::cudnn::conv_calls();
+        Tensor got;
+        for (int i = 0; i < 3; ++i) got = nn::detail::conv2d_nhwc(cu(x), cu(w), cu(b), win, nn::Act::relu, Loc::current());
+        cuda::set_allow_tf32(false);
+        CHECK(rel_err(got, ref) < 5e-3);
+        if (cuda::cudnn::available()) CHECK(cuda::cudnn::conv_calls() - c0 >= 3);
+    }
     // compiled: the residual conv is one call node
     {
         nn::Window win;

@@ -8,6 +8,7 @@
 // ResNet block's folded BatchNorm, residual add and relu ride in its second convolution.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -37,6 +38,7 @@ using TensorDesc = void*;
 using FilterDesc = void*;
 using ConvDesc = void*;
 using ActDesc = void*;
+using BackendDesc = void*;
 constexpr Status status_success = 0;
 constexpr int data_float = 0, data_double = 1, data_half = 2, data_bfloat16 = 9;
 constexpr int format_nchw = 0, format_nhwc = 1;
@@ -84,7 +86,13 @@ struct AlgoPerf {
              const void*, TensorDesc, void*))                                                                         \
     X(conv_bias_act_forward, "cudnnConvolutionBiasActivationForward",                                                 \
       Status(Handle, const void*, TensorDesc, const void*, FilterDesc, const void*, ConvDesc, int, void*, std::size_t, \
-             const void*, TensorDesc, const void*, TensorDesc, const void*, ActDesc, TensorDesc, void*))
+             const void*, TensorDesc, const void*, TensorDesc, const void*, ActDesc, TensorDesc, void*))                \
+    X(backend_create, "cudnnBackendCreateDescriptor", Status(int, BackendDesc*))                                      \
+    X(backend_destroy, "cudnnBackendDestroyDescriptor", Status(BackendDesc))                                          \
+    X(backend_finalize, "cudnnBackendFinalize", Status(BackendDesc))                                                  \
+    X(backend_set, "cudnnBackendSetAttribute", Status(BackendDesc, int, int, std::int64_t, const void*))              \
+    X(backend_get, "cudnnBackendGetAttribute", Status(BackendDesc, int, int, std::int64_t, std::int64_t*, void*))     \
+    X(backend_execute, "cudnnBackendExecute", Status(Handle, BackendDesc, BackendDesc))
 
 /// The loaded library: one pointer per entry point, or why there is none.
 struct Lib {
@@ -171,11 +179,12 @@ inline std::atomic<std::size_t>& conv_call_count() {
 inline std::size_t conv_calls() { return detail::conv_call_count().load(std::memory_order_relaxed); }
 
 /// When conv2d hands bias, relu and a residual to cuDNN's fused call
-/// (cudnnConvolutionBiasActivationForward) rather than running cudnnConvolutionForward and then
-/// one kiln kernel for them. The fused call saves that kernel's memory traffic but costs more host
-/// time per call (about 90 us against 60 us with cuDNN 9.14 on an H100 host), so by default
-/// (`capture`) it is used only while a CUDA graph is being captured (reduce_overhead), where host
-/// time is paid once. KILN_CUDNN_FUSED=1: always; 0: never.
+/// (cudnnConvolutionBiasActivationForward) rather than running the plain convolution and then one
+/// kiln kernel for them. The fused call saves that kernel's memory traffic but costs far more host
+/// time per call (about 100 us with cuDNN 9.14 on the H100 host, against about 20 us for a plain
+/// convolution through a cached graph-API plan), so by default (`capture`) it is used only while a
+/// CUDA graph is being captured (reduce_overhead), where host time is paid once.
+/// KILN_CUDNN_FUSED=1: always; 0: never.
 enum class FusedEpilogues : std::uint8_t { never, capture, always };
 
 inline FusedEpilogues fused_epilogues() {
@@ -187,6 +196,16 @@ inline FusedEpilogues fused_epilogues() {
         return FusedEpilogues::capture;
     }();
     return mode;
+}
+
+/// Whether plain convolutions (no fused epilogue) use cuDNN's graph API with execution plans
+/// cached per configuration (default) or the legacy call; KILN_CUDNN_GRAPH=0 picks the legacy call.
+inline bool graph_api() {
+    static const bool on = [] {
+        const char* e = std::getenv("KILN_CUDNN_GRAPH");
+        return !(e && (std::string(e) == "0" || std::string(e) == "off"));
+    }();
+    return on;
 }
 
 /// Whether work queued on `s` now is being captured into a CUDA graph.
@@ -237,10 +256,23 @@ struct Plan {
     }
 };
 
+/// A convolution through cuDNN's graph ("backend") API: an execution plan finalized once per
+/// configuration, so a call costs one variant pack and cudnnBackendExecute (the legacy
+/// cudnnConvolutionForward spends tens of microseconds of host time per call with cuDNN 9).
+struct GraphPlan {
+    BackendDesc plan = nullptr;  ///< null: no engine config finalized (the legacy call runs)
+    std::int64_t workspace = 0;
+    std::vector<BackendDesc> owned;  ///< every descriptor made for it
+    ~GraphPlan() {
+        for (auto it = owned.rbegin(); it != owned.rend(); ++it) lib().backend_destroy(*it);
+    }
+};
+
 struct DeviceState {
     std::mutex mutex;  ///< guards the handle, the plans and every call (calls only queue work)
     Handle handle = nullptr;
     std::map<ConvKey, std::unique_ptr<Plan>> plans;
+    std::map<std::pair<ConvKey, int>, std::unique_ptr<GraphPlan>> graph_plans;  ///< (key, byte alignment)
 };
 
 inline DeviceState& device_state(int device) {
@@ -285,6 +317,169 @@ inline bool make_descriptors(const ConvKey& k, std::int64_t oh, std::int64_t ow,
                ok(l.create_act(&p.act), "activation descriptor") &&
                ok(l.set_act(p.act, k.act, nan_propagate, 0.0), "activation descriptor");
     return good;
+}
+
+// cuDNN graph API enum values (cudnn_graph.h)
+constexpr int bk_conv = 1, bk_engine = 2, bk_enginecfg = 3, bk_engineheur = 4, bk_plan = 5, bk_op_conv_fwd = 10,
+              bk_opgraph = 15, bk_variant_pack = 16, bk_tensor = 17;
+constexpr int at_conv_comp_type = 100, at_conv_mode = 101, at_conv_dilations = 102, at_conv_strides = 103,
+              at_conv_post_pad = 104, at_conv_pre_pad = 105, at_conv_spatial_dims = 106, at_heur_mode = 200,
+              at_heur_graph = 201, at_heur_results = 202, at_cfg_engine = 300, at_plan_handle = 400, at_plan_cfg = 401,
+              at_plan_workspace = 402, at_op_alpha = 700, at_op_beta = 701, at_op_conv = 702, at_op_w = 703, at_op_x = 704,
+              at_op_y = 705, at_graph_handle = 800, at_graph_ops = 801, at_tensor_alignment = 900, at_tensor_dtype = 901,
+              at_tensor_dims = 902, at_tensor_strides = 903, at_tensor_uid = 906, at_vp_uids = 1000, at_vp_ptrs = 1001,
+              at_vp_workspace = 1003, at_engine_notes = 1303;
+constexpr int ty_handle = 0, ty_data_type = 1, ty_int64 = 3, ty_float = 4, ty_void_ptr = 6, ty_conv_mode = 7, ty_heur_mode = 8,
+              ty_numerical_note = 11, ty_descriptor = 15;
+constexpr int heur_mode_a = 3, note_tensor_core = 0, note_down_convert = 1;
+
+/// Builds the execution plan of a plain convolution (x uid 1, w uid 2, y uid 3); g.plan stays
+/// null when cuDNN finalizes no engine config (why says the last refusal).
+inline void make_graph_plan(Handle h, const ConvKey& k, std::int64_t oh, std::int64_t ow, int align, GraphPlan& g, std::string& why) {
+    const Lib& l = lib();
+    bool ok = true;
+    auto make = [&](int type) {
+        BackendDesc d = nullptr;
+        const Status st = l.backend_create(type, &d);
+        if (st != status_success) {
+            why = "cudnnBackendCreateDescriptor: " + text(st);
+            ok = false;
+            return BackendDesc{nullptr};
+        }
+        g.owned.push_back(d);
+        return d;
+    };
+    auto set = [&](BackendDesc d, int name, int type, std::int64_t n, const void* v) {
+        if (!ok) return;
+        const Status st = l.backend_set(d, name, type, n, v);
+        if (st != status_success) why = "cudnnBackendSetAttribute(" + std::to_string(name) + "): " + text(st), ok = false;
+    };
+    auto finalize = [&](BackendDesc d, const char* what) {
+        if (!ok) return;
+        const Status st = l.backend_finalize(d);
+        if (st != status_success) why = std::string(what) + ": " + text(st), ok = false;
+    };
+    auto tensor = [&](std::int64_t uid, std::int64_t n, std::int64_t c, std::int64_t hh, std::int64_t ww) {
+        BackendDesc t = ok ? make(bk_tensor) : nullptr;
+        if (!t) return t;
+        // logical (n, c, h, w) over channels-last memory
+        const std::int64_t dims[4] = {n, c, hh, ww}, strides[4] = {hh * ww * c, 1, ww * c, c};
+        const std::int64_t alignment = align;
+        set(t, at_tensor_dtype, ty_data_type, 1, &k.dtype);
+        set(t, at_tensor_dims, ty_int64, 4, dims);
+        set(t, at_tensor_strides, ty_int64, 4, strides);
+        set(t, at_tensor_uid, ty_int64, 1, &uid);
+        set(t, at_tensor_alignment, ty_int64, 1, &alignment);
+        finalize(t, "tensor descriptor");
+        return t;
+    };
+    BackendDesc x = tensor(1, k.n, k.c, k.h, k.w), w = tensor(2, k.oc, k.c, k.kh, k.kw), y = tensor(3, k.n, k.oc, oh, ow);
+    BackendDesc conv = ok ? make(bk_conv) : nullptr;
+    if (!conv) return;
+    const std::int64_t dims = 2;
+    const int comp = k.dtype == data_double ? data_double : data_float, mode = cross_correlation;
+    const std::int64_t pad[2] = {k.p.ph, k.p.pw}, stride[2] = {k.p.sh, k.p.sw}, dil[2] = {k.p.dh, k.p.dw};
+    set(conv, at_conv_spatial_dims, ty_int64, 1, &dims);
+    set(conv, at_conv_comp_type, ty_data_type, 1, &comp);
+    set(conv, at_conv_mode, ty_conv_mode, 1, &mode);
+    set(conv, at_conv_dilations, ty_int64, 2, dil);
+    set(conv, at_conv_strides, ty_int64, 2, stride);
+    set(conv, at_conv_pre_pad, ty_int64, 2, pad);
+    set(conv, at_conv_post_pad, ty_int64, 2, pad);
+    finalize(conv, "convolution descriptor");
+    BackendDesc op = ok ? make(bk_op_conv_fwd) : nullptr;
+    if (!op) return;
+    const float alpha = 1.0f, beta = 0.0f;
+    set(op, at_op_x, ty_descriptor, 1, &x);
+    set(op, at_op_w, ty_descriptor, 1, &w);
+    set(op, at_op_y, ty_descriptor, 1, &y);
+    set(op, at_op_conv, ty_descriptor, 1, &conv);
+    set(op, at_op_alpha, ty_float, 1, &alpha);
+    set(op, at_op_beta, ty_float, 1, &beta);
+    finalize(op, "convolution operation");
+    BackendDesc graph = ok ? make(bk_opgraph) : nullptr;
+    if (!graph) return;
+    set(graph, at_graph_ops, ty_descriptor, 1, &op);
+    set(graph, at_graph_handle, ty_handle, 1, &h);
+    finalize(graph, "operation graph");
+    BackendDesc heur = ok ? make(bk_engineheur) : nullptr;
+    if (!heur) return;
+    const int heur_mode = heur_mode_a;
+    set(heur, at_heur_graph, ty_descriptor, 1, &graph);
+    set(heur, at_heur_mode, ty_heur_mode, 1, &heur_mode);
+    finalize(heur, "engine heuristics");
+    if (!ok) return;
+    constexpr int max_cfgs = 16;
+    std::vector<BackendDesc> cfgs;
+    for (int i = 0; i < max_cfgs && ok; ++i) cfgs.push_back(make(bk_enginecfg));
+    if (!ok) return;
+    std::int64_t count = 0;
+    if (const Status st = l.backend_get(heur, at_heur_results, ty_descriptor, max_cfgs, &count, cfgs.data()); st != status_success) {
+        why = "engine heuristics results: " + text(st);
+        return;
+    }
+    const bool no_tensor_cores = k.math == math_fma;  // f32 without TF32
+    for (std::int64_t i = 0; i < std::min<std::int64_t>(count, max_cfgs); ++i) {
+        BackendDesc cfg = cfgs[static_cast<std::size_t>(i)];
+        if (no_tensor_cores) {
+            BackendDesc engine = make(bk_engine);
+            if (!engine) return;
+            std::int64_t got = 0, nn = 0;
+            int notes[16] = {};
+            if (l.backend_get(cfg, at_cfg_engine, ty_descriptor, 1, &got, &engine) != status_success ||
+                l.backend_get(engine, at_engine_notes, ty_numerical_note, 16, &nn, notes) != status_success)
+                continue;
+            const int* first = notes;
+            const int* end = first + std::min<std::int64_t>(nn, 16);
+            if (std::any_of(first, end, [](int n) { return n == note_tensor_core || n == note_down_convert; })) continue;
+        }
+        BackendDesc plan = make(bk_plan);
+        if (!plan) return;
+        set(plan, at_plan_handle, ty_handle, 1, &h);
+        set(plan, at_plan_cfg, ty_descriptor, 1, &cfg);
+        finalize(plan, "execution plan");
+        std::int64_t ws = 0, got = 0;
+        if (ok && l.backend_get(plan, at_plan_workspace, ty_int64, 1, &got, &ws) == status_success) {
+            g.plan = plan;
+            g.workspace = ws;
+            return;
+        }
+        ok = true;  // the next config
+    }
+    if (why.empty()) why = "no engine config for this convolution";
+}
+
+/// Runs a plain convolution through a cached graph-API plan; false when there is none.
+inline bool graph_conv_forward(DeviceState& s, const ConvKey& k, const Tensor& x, const Tensor& w, Tensor& y) {
+    const Lib& l = lib();
+    int align = 16;
+    for (const void* p : {static_cast<const void*>(x.data_ptr()), static_cast<const void*>(w.data_ptr()),
+                          static_cast<const void*>(y.data_ptr())})
+        while (align > 1 && reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(align) != 0) align /= 2;
+    auto& g = s.graph_plans[{k, align}];
+    if (!g) {
+        g = std::make_unique<GraphPlan>();
+        std::string why;
+        make_graph_plan(s.handle, k, y.size(1), y.size(2), align, *g, why);
+        if (!g->plan) debug::log("cudnn", "no graph-API plan (" + why + "): the legacy convolution call runs");
+    }
+    if (!g->plan) return false;
+    Tensor ws;
+    if (g->workspace) ws = Tensor(Shape{(g->workspace + 3) / 4}, DType::f32, x.device());
+    void* ptrs[3] = {const_cast<void*>(x.data_ptr()), const_cast<void*>(w.data_ptr()), y.data_ptr()};
+    const std::int64_t uids[3] = {1, 2, 3};
+    void* wp = ws.defined() ? ws.data_ptr() : nullptr;
+    BackendDesc vp = nullptr;
+    Status st = l.backend_create(bk_variant_pack, &vp);
+    if (st != status_success) throw DeviceError("kiln::cuda::cudnn: variant pack: " + text(st));
+    st = l.backend_set(vp, at_vp_ptrs, ty_void_ptr, 3, ptrs);
+    if (st == status_success) st = l.backend_set(vp, at_vp_uids, ty_int64, 3, uids);
+    if (st == status_success) st = l.backend_set(vp, at_vp_workspace, ty_void_ptr, 1, &wp);
+    if (st == status_success) st = l.backend_finalize(vp);
+    if (st == status_success) st = l.backend_execute(s.handle, g->plan, vp);
+    l.backend_destroy(vp);
+    if (st != status_success) throw DeviceError("kiln::cuda::cudnn: cudnnBackendExecute failed: " + text(st));
+    return true;
 }
 
 }  // namespace detail
@@ -340,6 +535,14 @@ inline bool conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
     if (!s.handle) {
         st = l.create(&s.handle);
         if (st != status_success) throw DeviceError("kiln::cuda::cudnn: cudnnCreate failed: " + text(st));
+    }
+    if (!k.bias_act && graph_api()) {
+        st = l.set_stream(s.handle, current_stream(k.device));
+        if (st != status_success) throw DeviceError("kiln::cuda::cudnn: cudnnSetStream failed: " + text(st));
+        if (graph_conv_forward(s, k, x, w, y)) {
+            ++conv_call_count();
+            return true;
+        }
     }
     auto& plan = s.plans[k];
     if (!plan) {
