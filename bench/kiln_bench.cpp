@@ -563,7 +563,7 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
 }
 
 void bench_models(Bench& b) {
-    for (const char* name : {"mlp_f32", "bert_layer_f32", "resnet18"})  // resnet18 on the CPU: batch 2
+    for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"})  // resnet18 on the CPU: batch 2
         if (b.wanted(name)) model_rows(b, name, kiln::Device::cpu(), b.options().max_threads, false);
 }
 
