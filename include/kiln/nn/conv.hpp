@@ -246,6 +246,41 @@ inline std::pair<Tensor, Tensor> fold_scale_shift(const Tensor& weight, const Te
     return {channels_last(w.to(dt).to(dev)), b.to(dt).to(dev)};
 }
 
+/// conv2d on cuDNN (see conv2d_op's run for the operands): act(conv + b + z) as (N, OH, OW, OC),
+/// or an undefined tensor when cuDNN is missing or takes no algorithm for it. Under graph capture
+/// bias, residual and relu ride in cuDNN's fused call (cuda::cudnn::FusedEpilogues); otherwise the
+/// plain convolution runs and one kiln kernel applies them.
+inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, const Tensor& z, const Window& win, Act act,
+                           const Shape& ys, const Loc& loc) {
+    const bool one_dtype = wl.dtype() == xx.dtype() && (!z.defined() || z.dtype() == xx.dtype());
+    if (!one_dtype || act == Act::gelu_tanh || !cuda::cudnn::available()) return {};
+    Tensor y(ys, xx.dtype(), xx.device());
+    const Tensor xc = channels_last(xx).permute({0, 2, 3, 1}), bc = b.defined() ? b.contiguous() : b;
+    const Tensor zc = z.defined() ? z.contiguous() : z;
+    const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
+    const Tensor* bp = b.defined() ? &bc : nullptr;
+    const Tensor* zp = z.defined() ? &zc : nullptr;
+    const bool is_relu = act == Act::relu, epilogue = bp || zp || is_relu;
+    using cuda::cudnn::FusedEpilogues;
+    const FusedEpilogues mode = cuda::cudnn::fused_epilogues();
+    const bool capturing = cuda::cudnn::capturing(cuda::current_stream(xx.device().index));
+    if (epilogue && (mode == FusedEpilogues::always || (mode == FusedEpilogues::capture && capturing)) &&
+        cuda::cudnn::conv2d_forward(xc, wl, bp, zp, is_relu, cp, y))
+        return y;
+    // outside a capture, choose the fused call's algorithm now, so a later capture finds it
+    if (epilogue && mode == FusedEpilogues::capture && !capturing && !cuda::cudnn::conv2d_planned(xc, wl, bp, zp, is_relu, cp)) {
+        Tensor scratch(ys, xx.dtype(), xx.device());
+        cuda::cudnn::conv2d_forward(xc, wl, bp, zp, is_relu, cp, scratch);
+    }
+    // the convolution alone on cuDNN, then bias, residual and act as one kiln kernel
+    if (!cuda::cudnn::conv2d_forward(xc, wl, nullptr, nullptr, false, cp, y)) return {};
+    const auto epi = [&](const auto& e) { return act == Act::relu ? Tensor(relu(e), loc) : Tensor(e, loc); };
+    if (b.defined() && z.defined()) return epi(y + b + z);
+    if (b.defined()) return epi(y + b);
+    if (z.defined()) return epi(y + z);
+    return act == Act::relu ? Tensor(relu(y), loc) : y;
+}
+
 /// The library op of conv2d_nhwc (operands {x, weight, bias?, residual?}), with the hooks through
 /// which passes fold a following per-channel affine map (BatchNorm) and relu into it.
 inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias, bool has_res, const Loc& loc) {
@@ -261,35 +296,8 @@ inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias,
         const Shape ys{xx.size(0), win.out_h(xx.size(2)), win.out_w(xx.size(3)), w.size(0)};
         // the weight as (OC, KH, KW, C): free when it is stored channels-last (fold_batchnorm does)
         const Tensor wl = w.permute({0, 2, 3, 1}).contiguous();
-        const bool one_dtype = w.dtype() == xx.dtype() && (!z.defined() || z.dtype() == xx.dtype());
-        if (xx.device().is_cuda() && one_dtype && act != Act::gelu_tanh && cuda::cudnn::available()) {
-            Tensor y(ys, xx.dtype(), xx.device());
-            const Tensor xc = channels_last(xx).permute({0, 2, 3, 1}), bc = b.defined() ? b.contiguous() : b;
-            const Tensor zc = z.defined() ? z.contiguous() : z;
-            const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
-            const Tensor* bp = b.defined() ? &bc : nullptr;
-            const Tensor* zp = z.defined() ? &zc : nullptr;
-            const bool is_relu = act == Act::relu, epilogue = bp || zp || is_relu;
-            using cuda::cudnn::FusedEpilogues;
-            const FusedEpilogues mode = cuda::cudnn::fused_epilogues();
-            const bool capturing = cuda::cudnn::capturing(cuda::current_stream(xx.device().index));
-            if (epilogue && (mode == FusedEpilogues::always || (mode == FusedEpilogues::capture && capturing)) &&
-                cuda::cudnn::conv2d_forward(xc, wl, bp, zp, is_relu, cp, y))
-                return y;
-            // outside a capture, choose the fused call's algorithm now, so a later capture finds it
-            if (epilogue && mode == FusedEpilogues::capture && !capturing && !cuda::cudnn::conv2d_planned(xc, wl, bp, zp, is_relu, cp)) {
-                Tensor scratch(ys, xx.dtype(), xx.device());
-                cuda::cudnn::conv2d_forward(xc, wl, bp, zp, is_relu, cp, scratch);
-            }
-            // the convolution alone on cuDNN, then bias, residual and act as one kiln kernel
-            if (cuda::cudnn::conv2d_forward(xc, wl, nullptr, nullptr, false, cp, y)) {
-                const auto epi = [&](const auto& e) { return act == Act::relu ? Tensor(relu(e), loc) : Tensor(e, loc); };
-                if (b.defined() && z.defined()) return epi(y + b + z);
-                if (b.defined()) return epi(y + b);
-                if (z.defined()) return epi(y + z);
-                return act == Act::relu ? Tensor(relu(y), loc) : y;
-            }
-        }
+        if (xx.device().is_cuda())
+            if (Tensor y = conv2d_cudnn(xx, wl, b, z, win, act, ys, loc); y.defined()) return y;
         const Tensor cols = im2col(channels_last(xx), win, 0);
         const Tensor w2 = wl.view({w.size(0), w.size(1) * w.size(2) * w.size(3)});
         if (!has_res) return linear(cols, w2, b, act, loc).view(ys);
