@@ -289,6 +289,16 @@ inline std::string text(Status s) {
     return t ? t : "cuDNN status " + std::to_string(s);
 }
 
+/// Throws DeviceError naming the call, unless s is success.
+inline void check(Status s, const char* what) {
+    if (s != status_success) throw DeviceError(std::string("kiln::cuda::cudnn: ") + what + " failed: " + text(s));
+}
+
+/// Scratch memory of `bytes` for one call on `device` (undefined when none is needed).
+inline Tensor workspace(std::int64_t bytes, Device device) {
+    return bytes > 0 ? Tensor(Shape{(bytes + 3) / 4}, DType::f32, device) : Tensor{};
+}
+
 /// Makes the descriptors of key's configuration; false (with why) when cuDNN refuses one.
 inline bool make_descriptors(const ConvKey& k, std::int64_t oh, std::int64_t ow, Plan& p, std::string& why) {
     const Lib& l = lib();
@@ -464,21 +474,20 @@ inline bool graph_conv_forward(DeviceState& s, const ConvKey& k, const Tensor& x
         if (!g->plan) debug::log("cudnn", "no graph-API plan (" + why + "): the legacy convolution call runs");
     }
     if (!g->plan) return false;
-    Tensor ws;
-    if (g->workspace) ws = Tensor(Shape{(g->workspace + 3) / 4}, DType::f32, x.device());
+    const Tensor ws = workspace(g->workspace, x.device());
     void* ptrs[3] = {const_cast<void*>(x.data_ptr()), const_cast<void*>(w.data_ptr()), y.data_ptr()};
     const std::int64_t uids[3] = {1, 2, 3};
     void* wp = ws.defined() ? ws.data_ptr() : nullptr;
     BackendDesc vp = nullptr;
     Status st = l.backend_create(bk_variant_pack, &vp);
-    if (st != status_success) throw DeviceError("kiln::cuda::cudnn: variant pack: " + text(st));
+    check(st, "cudnnBackendCreateDescriptor (variant pack)");
     st = l.backend_set(vp, at_vp_ptrs, ty_void_ptr, 3, ptrs);
     if (st == status_success) st = l.backend_set(vp, at_vp_uids, ty_int64, 3, uids);
     if (st == status_success) st = l.backend_set(vp, at_vp_workspace, ty_void_ptr, 1, &wp);
     if (st == status_success) st = l.backend_finalize(vp);
     if (st == status_success) st = l.backend_execute(s.handle, g->plan, vp);
     l.backend_destroy(vp);
-    if (st != status_success) throw DeviceError("kiln::cuda::cudnn: cudnnBackendExecute failed: " + text(st));
+    check(st, "cudnnBackendExecute");
     return true;
 }
 
@@ -531,14 +540,10 @@ inline bool conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
     const ConvKey k = make_key(x, w, bias != nullptr, z != nullptr, relu, cp);
     DeviceState& s = device_state(k.device);
     std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.handle) check(l.create(&s.handle), "cudnnCreate");
+    check(l.set_stream(s.handle, current_stream(k.device)), "cudnnSetStream");
     Status st = status_success;
-    if (!s.handle) {
-        st = l.create(&s.handle);
-        if (st != status_success) throw DeviceError("kiln::cuda::cudnn: cudnnCreate failed: " + text(st));
-    }
     if (!k.bias_act && graph_api()) {
-        st = l.set_stream(s.handle, current_stream(k.device));
-        if (st != status_success) throw DeviceError("kiln::cuda::cudnn: cudnnSetStream failed: " + text(st));
         if (graph_conv_forward(s, k, x, w, y)) {
             ++conv_call_count();
             return true;
@@ -564,16 +569,13 @@ inline bool conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
         }
     }
     if (plan->unsupported) return false;
-    st = l.set_stream(s.handle, current_stream(k.device));
-    if (st != status_success) throw DeviceError("kiln::cuda::cudnn: cudnnSetStream failed: " + text(st));
     // a zero bias when the fused call has none (it always reads one)
     Tensor zero_bias;
     if (k.bias_act && !bias) zero_bias = zeros({k.oc}, x.dtype(), x.device());
     const void* bias_ptr = bias ? bias->data_ptr() : zero_bias.defined() ? zero_bias.data_ptr() : nullptr;
     const float one_f = 1.0f, zero_f = 0.0f;
     auto run = [&](int algo, std::size_t ws_bytes) {
-        Tensor ws;
-        if (ws_bytes) ws = Tensor(Shape{static_cast<std::int64_t>((ws_bytes + 3) / 4)}, DType::f32, x.device());
+        const Tensor ws = workspace(static_cast<std::int64_t>(ws_bytes), x.device());
         void* wp = ws.defined() ? ws.data_ptr() : nullptr;
         if (!k.bias_act)
             return l.conv_forward(s.handle, &one_f, plan->x, x.data_ptr(), plan->w, w.data_ptr(), plan->conv, algo, wp, ws_bytes,
@@ -583,8 +585,7 @@ inline bool conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
                                        bias_ptr, plan->act, plan->y, y.data_ptr());
     };
     if (plan->algo >= 0) {
-        st = run(plan->algo, plan->workspace);
-        if (st != status_success) throw DeviceError("kiln::cuda::cudnn: convolution failed: " + text(st));
+        check(run(plan->algo, plan->workspace), "the convolution");
         ++conv_call_count();
         return true;
     }
