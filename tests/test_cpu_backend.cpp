@@ -524,3 +524,84 @@ TEST_CASE("large elementwise expressions give bitwise identical results with 1, 
         CHECK(v1.at<float>({j, i}) == doctest::Approx(std::tanh(xv) * yv).epsilon(1e-6));
     }
 }
+
+// ============================================================================ the tile interpreter
+
+TEST_CASE("tile programs: a long chain shares a few scratch tiles, takes runs of any length, reads scalar operands "
+          "as one value and converts between compute types, matching a per-element reference bitwise") {
+    using kiln::detail::TileProgram;
+    namespace ops = kiln::ops;
+    using ops::OpId;
+    constexpr OpId mul = ops::op_id<ops::Mul>, add_ = ops::op_id<ops::Add>, sub = ops::op_id<ops::Sub>,
+                   maximum = ops::op_id<ops::Maximum>, where = ops::op_id<ops::Where>;
+    const std::int64_t n = 3 * 256 + 77;  // ragged last tile
+    const Tensor x = random_tensor({n});
+    const Tensor w = random_tensor({n, 2}, DType::f64);  // read with stride 2: gathered
+    TileProgram p;
+    p.space.shape = Shape{n};
+    p.leaves.push_back(kiln::detail::access_of(x, Shape{n}));
+    p.leaves.push_back({static_cast<char*>(w.data_ptr()), DType::f64, Strides{2}});
+    p.scalars = {1.5, -0.25, 3.0, 0.0};
+    const int X = p.leaf_value(0), W = p.leaf_value(1);
+    auto S = [&](int i) { return p.scalar_value(i); };
+    auto add = [&](OpId op, DType ct, int a, int b = -1, int c = -1) {
+        TileProgram::Instr in{op, ct};
+        in.in[0] = a, in.in[1] = b, in.in[2] = c;
+        p.instrs.push_back(in);
+        return p.instr_value(static_cast<int>(p.instrs.size() - 1));
+    };
+    // v0 stays live to the end; scalars on either side of binary ops; f64 steps convert
+    const int v0 = add(mul, DType::f32, X, S(0));
+    int v = add(sub, DType::f32, S(1), v0);
+    for (int k = 0; k < 10; ++k) {
+        v = add(k % 3 == 0 ? mul : add_, k % 2 ? DType::f64 : DType::f32, v, k % 4 == 1 ? W : S(2));
+        v = add(maximum, DType::f32, S(3), v);
+        v = add(sub, DType::f32, v, v0);
+    }
+    v = add(where, DType::f32, v, v0, S(1));  // a ternary op with a scalar operand
+    const kiln::detail::ProgramRunner runner(p);
+    CHECK(runner.result_ct() == DType::f32);
+    CHECK(p.instrs.size() == 33);
+    // five scalar fills (four f32, one f64), v0, and a few in flight; one tile per slot would be 60
+    CHECK(runner.scratch_tiles() <= 10);
+
+    // the reference: each instruction per element in its compute type
+    std::vector<float> ref(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+        std::vector<double> val(static_cast<std::size_t>(p.instr_value(static_cast<int>(p.instrs.size()))));
+        val[static_cast<std::size_t>(X)] = x.data<float>()[i];
+        val[static_cast<std::size_t>(W)] = w.data<double>()[2 * i];
+        for (std::size_t s = 0; s < p.scalars.size(); ++s) val[static_cast<std::size_t>(S(static_cast<int>(s)))] = p.scalars[s];
+        for (std::size_t k = 0; k < p.instrs.size(); ++k) {
+            const auto& in = p.instrs[k];
+            auto get = [&](int j) { return val[static_cast<std::size_t>(in.in[j])]; };
+            double r = 0;
+            if (in.ct == DType::f32) {
+                const float a = static_cast<float>(get(0)), b = in.in[1] >= 0 ? static_cast<float>(get(1)) : 0.0f;
+                switch (in.op) {
+                    case mul: r = a * b; break;
+                    case add_: r = a + b; break;
+                    case sub: r = a - b; break;
+                    case maximum: r = std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); break;
+                    case where: r = a != 0.0f ? b : static_cast<float>(get(2)); break;
+                    default: FAIL("op");
+                }
+            } else {
+                const double a = get(0), b = get(1);
+                r = in.op == mul ? a * b : a + b;
+            }
+            val[static_cast<std::size_t>(p.instr_value(static_cast<int>(k)))] = r;
+        }
+        ref[static_cast<std::size_t>(i)] = static_cast<float>(val.back());
+    }
+    // one run over everything, and runs of odd lengths (each a fresh set-up)
+    for (std::int64_t piece : {n, std::int64_t{1}, std::int64_t{255}, std::int64_t{257}, std::int64_t{600}}) {
+        INFO("runs of " << piece);
+        std::vector<float> got(static_cast<std::size_t>(n), -7.0f);
+        for (std::int64_t b = 0; b < n; b += piece) runner.tile(b, std::min(piece, n - b), got.data() + b);
+        std::int64_t bad = 0;
+        for (std::int64_t i = 0; i < n; ++i)
+            if (std::memcmp(&got[static_cast<std::size_t>(i)], &ref[static_cast<std::size_t>(i)], sizeof(float)) != 0) ++bad;
+        CHECK(bad == 0);
+    }
+}

@@ -2,6 +2,7 @@
 // row kernels for reductions with their producers and consumers, and Eigen for matmul.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -198,9 +199,12 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                 backs.push_back(std::move(bk));
             }
         }
-        std::vector<TileKernel<T>> kernels(nm, nullptr);
+        // per member: the kernel, and for binary ops the variants with operand 0 or 1 scalar
+        std::vector<std::array<AnyTileKernel, 3>> kernels(nm, {nullptr, nullptr, nullptr});
         for (std::size_t m = 0; m < nm; ++m)
-            if (g[G.nodes[m]].kind == ir::Kind::elementwise) kernels[m] = tile_kernel<T>(g[G.nodes[m]].op);
+            if (g[G.nodes[m]].kind == ir::Kind::elementwise)
+                for (unsigned mask = 0; mask < (g[G.nodes[m]].in.size() == 2 ? 3u : 1u); ++mask)
+                    kernels[m][mask] = any_tile_kernel(g[G.nodes[m]].op, dtype_of<T>, mask);
         const std::int64_t grain = std::max<std::int64_t>(1, parallel_grain / std::max<std::int64_t>(inner, 1));
         parallel_for(outer, grain, [&](std::int64_t b, std::int64_t e) {
             const std::size_t L = static_cast<std::size_t>(inner) + 64;
@@ -265,14 +269,24 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                         else t[0] = v;
                         return t;
                     };
+                    // whether operand j has a value per element of the row
+                    auto varies = [&](int j) {
+                        const int s = slot[static_cast<std::size_t>(j)];
+                        if (g[j].kind == ir::Kind::scalar) return false;
+                        if (is_member[static_cast<std::size_t>(j)]) return vec[static_cast<std::size_t>(s)] != 0;
+                        return leaves[static_cast<std::size_t>(s)].varies;
+                    };
                     if (n.kind == ir::Kind::elementwise) {
-                        const T* in[3] = {};
-                        for (std::size_t k = 0; k < n.in.size(); ++k) in[k] = operand(n.in[k], k, vec[m]);
+                        const void* in[3] = {};
+                        // a binary op with one row-constant operand reads it as one value
+                        unsigned mask = 0;
+                        if (vec[m] && n.in.size() == 2 && varies(n.in[0]) != varies(n.in[1])) mask = varies(n.in[0]) ? 2u : 1u;
+                        for (std::size_t k = 0; k < n.in.size(); ++k) in[k] = operand(n.in[k], k, vec[m] && !(mask >> k & 1u));
                         if (vec[m]) {
-                            kernels[m](in, out, inner, n.attr);
+                            kernels[m][mask](in, out, inner, n.attr);
                         } else {
                             T r{};
-                            kernels[m](in, &r, 1, n.attr);
+                            kernels[m][0](in, &r, 1, n.attr);
                             scal[m] = r;
                         }
                     } else {  // reduce over the row

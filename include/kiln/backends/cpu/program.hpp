@@ -1,6 +1,7 @@
 // The tile interpreter: a runtime list of table ops evaluated tile by tile, across threads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,7 +53,7 @@ struct Slot {
     DType ct;
 };
 struct Step {
-    enum Kind { gather, fill, exec, convert } kind;
+    enum Kind { gather, direct, fill, exec, convert } kind;
     int slot;         // destination
     int src = -1;     // leaf index, scalar index, instruction index or source slot
 };
@@ -103,83 +104,169 @@ inline Plan plan(const TileProgram& p) {
     return pl;
 }
 
+/// Scratch tiles for the slots, shared by slots whose lives do not overlap (a chain of n ops
+/// needs a few tiles, not n, so the working set stays in L1). Slots marked external (leaves read
+/// in place, the result) get -1. Fill slots keep their tile for the whole run, since a run fills
+/// them once, not per tile.
+inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& external, int& buffers) {
+    const std::size_t ns = pl.slots.size();
+    std::vector<int> last_use(ns, -1), buf(ns, -1);
+    std::vector<char> filled(ns, 0);
+    for (const Step& st : pl.steps)
+        if (st.kind == Step::fill) filled[static_cast<std::size_t>(st.slot)] = 1;
+    auto reads = [&](const Step& st, auto&& f) {
+        if (st.kind == Step::convert) f(st.src);
+        if (st.kind == Step::exec)
+            for (int k = 0; k < 3; ++k)
+                if (const int s = pl.instr_in[k][static_cast<std::size_t>(st.src)]; s >= 0) f(s);
+    };
+    for (std::size_t i = 0; i < pl.steps.size(); ++i) reads(pl.steps[i], [&](int s) { last_use[static_cast<std::size_t>(s)] = static_cast<int>(i); });
+    std::vector<int> free_list;
+    buffers = 0;
+    auto take = [&] {
+        if (free_list.empty()) return buffers++;
+        const int b = free_list.back();
+        free_list.pop_back();
+        return b;
+    };
+    for (const Step& st : pl.steps)
+        if (st.kind == Step::fill) buf[static_cast<std::size_t>(st.slot)] = take();
+    for (std::size_t i = 0; i < pl.steps.size(); ++i) {
+        const Step& st = pl.steps[i];
+        const std::size_t d = static_cast<std::size_t>(st.slot);
+        if (st.kind != Step::fill && !external[d]) buf[d] = take();  // before freeing inputs: never in place
+        auto release = [&](int s) {
+            const std::size_t u = static_cast<std::size_t>(s);
+            if (last_use[u] == static_cast<int>(i) && buf[u] >= 0 && !external[u] && !filled[u]) {
+                free_list.push_back(buf[u]);
+                last_use[u] = -2;  // released once even when read twice by this step
+            }
+        };
+        reads(st, release);
+        if (last_use[d] == -1 && buf[d] >= 0) free_list.push_back(buf[d]);  // written, never read
+    }
+    return buf;
+}
+
 }  // namespace program_detail
 
 /// Evaluates a program's result tile by tile; reusable as the value source of a reduction.
 class ProgramRunner {
 public:
     explicit ProgramRunner(const TileProgram& p) : p_(p), pl_(program_detail::plan(p)) {
+        using program_detail::Step;
         if (p.instrs.empty()) throw InternalError("kiln: empty tile program");
-        leaf_direct_.resize(p.leaves.size());
-        for (std::size_t l = 0; l < p.leaves.size(); ++l) leaf_direct_[l] = is_linear(p.space, p.leaves[l]);
-        kernels_.resize(p.instrs.size());
-        for (std::size_t i = 0; i < p.instrs.size(); ++i) {
-            const auto& ins = p.instrs[i];
-            visit_ct(ins.ct, [&](auto tag) {
-                using T = typename decltype(tag)::type;
-                const TileKernel<T> k = tile_kernel<T>(ins.op);
-                if (!k)
+        const std::size_t ns = pl_.slots.size();
+        std::vector<char> external(ns, 0), filled(ns, 0);
+        for (Step& st : pl_.steps) {
+            const std::size_t si = static_cast<std::size_t>(st.slot);
+            if (st.kind == Step::fill) filled[si] = 1;
+            // leaves that are linear in the space and already of the compute type are read in place
+            if (st.kind == Step::gather && is_linear(p.space, p.leaves[static_cast<std::size_t>(st.src)]) &&
+                p.leaves[static_cast<std::size_t>(st.src)].dtype == pl_.slots[si].ct) {
+                st.kind = Step::direct;
+                external[si] = 1;
+            }
+        }
+        external[static_cast<std::size_t>(pl_.result_slot)] = 1;
+        buffer_of_ = program_detail::assign_buffers(pl_, external, buffers_);
+        for (const Step& st : pl_.steps) {
+            if (st.kind == Step::fill) continue;
+            Exec e{st.kind, st.slot, st.src};
+            if (st.kind == Step::exec) {
+                const auto& ins = p.instrs[static_cast<std::size_t>(st.src)];
+                unsigned scalars = 0;
+                for (int k = 0; k < 3; ++k) {
+                    e.in[k] = pl_.instr_in[k][static_cast<std::size_t>(st.src)];
+                    if (e.in[k] >= 0 && filled[static_cast<std::size_t>(e.in[k])]) scalars |= 1u << k;
+                }
+                if (scalars == 3u) scalars = 0;  // both scalar: keep the filled tiles
+                e.attr = ins.attr;
+                e.kernel = any_tile_kernel(ins.op, ins.ct, scalars);
+                if (!e.kernel)
                     throw InternalError("kiln: op " + std::string(ops::op_name(ins.op)) + " has no kernel for " +
                                         std::string(dtype_name(ins.ct)));
-                kernels_[i] = reinterpret_cast<void*>(k);
-            });
+            } else if (st.kind == Step::direct) {
+                e.esize = static_cast<std::int64_t>(dtype_size(pl_.slots[static_cast<std::size_t>(st.slot)].ct));
+            }
+            execs_.push_back(e);
         }
     }
     /// Compute type of the result values tile() writes.
     DType result_ct() const { return p_.instrs.back().ct; }
+    /// Scratch tiles one thread uses (after sharing between slots).
+    int scratch_tiles() const { return buffers_; }
 
-    /// Writes result elements [start, start + len) of the iteration space to dst (result_ct).
+    /// Writes result elements [start, start + len) of the iteration space to dst (result_ct), in
+    /// tiles of tile_elems; any len works, and a long run pays the set-up (scalar fills) once.
     void tile(std::int64_t start, std::int64_t len, void* dst) const {
         using namespace program_detail;
         struct Tag {};
-        char* buf = reinterpret_cast<char*>(scratch<double, Tag>(pl_.slots.size()));
+        char* buf = reinterpret_cast<char*>(scratch<double, Tag>(static_cast<std::size_t>(std::max(buffers_, 1))));
         thread_local std::vector<void*> ptr;
-        ptr.resize(pl_.slots.size());
-        for (std::size_t s = 0; s < pl_.slots.size(); ++s) ptr[s] = buf + s * tile_elems * sizeof(double);
-        ptr[static_cast<std::size_t>(pl_.result_slot)] = dst;
-        for (const Step& st : pl_.steps) {
-            const std::size_t si = static_cast<std::size_t>(st.slot);
-            visit_ct(pl_.slots[si].ct, [&](auto tag) {
-                using T = typename decltype(tag)::type;
-                T* out = static_cast<T*>(ptr[si]);
-                switch (st.kind) {
-                    case Step::gather: {
-                        const Access& a = p_.leaves[static_cast<std::size_t>(st.src)];
-                        if (leaf_direct_[static_cast<std::size_t>(st.src)] && a.dtype == dtype_of<T>)
-                            ptr[si] = a.base + start * static_cast<std::int64_t>(sizeof(T));
-                        else
-                            gather(p_.space, a, start, len, out);
+        ptr.assign(pl_.slots.size(), nullptr);
+        for (std::size_t s = 0; s < pl_.slots.size(); ++s)
+            if (buffer_of_[s] >= 0) ptr[s] = buf + static_cast<std::size_t>(buffer_of_[s]) * tile_elems * sizeof(double);
+        for (const Step& st : pl_.steps)
+            if (st.kind == Step::fill)
+                visit_ct(pl_.slots[static_cast<std::size_t>(st.slot)].ct, [&](auto tag) {
+                    using T = typename decltype(tag)::type;
+                    std::fill_n(static_cast<T*>(ptr[static_cast<std::size_t>(st.slot)]), std::min(len, tile_elems),
+                                static_cast<T>(p_.scalars[static_cast<std::size_t>(st.src)]));
+                });
+        const std::size_t rs = static_cast<std::size_t>(pl_.result_slot);
+        const std::int64_t rsize = static_cast<std::int64_t>(dtype_size(result_ct()));
+        for (std::int64_t off = 0; off < len; off += tile_elems) {
+            const std::int64_t n = std::min(tile_elems, len - off), at = start + off;
+            ptr[rs] = static_cast<char*>(dst) + off * rsize;
+            for (const Exec& e : execs_) {
+                void*& out = ptr[static_cast<std::size_t>(e.slot)];
+                switch (e.kind) {
+                    case Step::exec: {
+                        const void* in[3] = {};
+                        for (int k = 0; k < 3; ++k)
+                            if (e.in[k] >= 0) in[k] = ptr[static_cast<std::size_t>(e.in[k])];
+                        e.kernel(in, out, n, e.attr);
                         break;
                     }
-                    case Step::fill:
-                        std::fill_n(out, len, static_cast<T>(p_.scalars[static_cast<std::size_t>(st.src)]));
-                        break;
-                    case Step::convert:
-                        visit_ct(pl_.slots[static_cast<std::size_t>(st.src)].ct, [&](auto ftag) {
-                            using F = typename decltype(ftag)::type;
-                            convert_tile(static_cast<const F*>(ptr[static_cast<std::size_t>(st.src)]), out, len);
+                    case Step::direct: out = p_.leaves[static_cast<std::size_t>(e.src)].base + at * e.esize; break;
+                    case Step::gather:
+                        visit_ct(pl_.slots[static_cast<std::size_t>(e.slot)].ct, [&](auto tag) {
+                            using T = typename decltype(tag)::type;
+                            gather(p_.space, p_.leaves[static_cast<std::size_t>(e.src)], at, n, static_cast<T*>(out));
                         });
                         break;
-                    case Step::exec: {
-                        const std::size_t ii = static_cast<std::size_t>(st.src);
-                        const T* in[3] = {};
-                        for (int k = 0; k < 3; ++k) {
-                            const int s = pl_.instr_in[k][ii];
-                            if (s >= 0) in[k] = static_cast<const T*>(ptr[static_cast<std::size_t>(s)]);
-                        }
-                        reinterpret_cast<TileKernel<T>>(kernels_[ii])(in, out, len, p_.instrs[ii].attr);
+                    case Step::convert:
+                        visit_ct(pl_.slots[static_cast<std::size_t>(e.slot)].ct, [&](auto tag) {
+                            using T = typename decltype(tag)::type;
+                            visit_ct(pl_.slots[static_cast<std::size_t>(e.src)].ct, [&](auto ftag) {
+                                using F = typename decltype(ftag)::type;
+                                convert_tile(static_cast<const F*>(ptr[static_cast<std::size_t>(e.src)]), static_cast<T*>(out), n);
+                            });
+                        });
                         break;
-                    }
+                    case Step::fill: break;
                 }
-            });
+            }
         }
     }
 
 private:
+    /// A per-tile step with what it needs resolved: the kernel (scalar operands broadcast from
+    /// their one value), the operand slots, the element size of a leaf read in place.
+    struct Exec {
+        program_detail::Step::Kind kind;
+        int slot, src;
+        int in[3] = {-1, -1, -1};
+        AnyTileKernel kernel = nullptr;
+        DType attr = DType::f32;
+        std::int64_t esize = 0;
+    };
     const TileProgram& p_;
     program_detail::Plan pl_;
-    std::vector<char> leaf_direct_;
-    std::vector<void*> kernels_;
+    std::vector<int> buffer_of_;
+    int buffers_ = 0;
+    std::vector<Exec> execs_;
 };
 
 /// Writes a tile of compute-type values produced by `produce(start, len, dst)` to an access,
@@ -203,9 +290,16 @@ inline void store_tiles(const IterSpace& space, const Access& out, DType ct, Pro
     });
 }
 
-/// Evaluates the program's result into p.out, elementwise over p.space.
+/// Evaluates the program's result into p.out, elementwise over p.space. A linear output of the
+/// result's compute type takes each thread's whole run in one call.
 inline void run_program(const TileProgram& p) {
     const ProgramRunner runner(p);
+    if (is_linear(p.space, p.out) && p.out.dtype == runner.result_ct()) {
+        const std::int64_t esize = static_cast<std::int64_t>(dtype_size(p.out.dtype));
+        parallel_for(p.space.numel(), parallel_grain,
+                     [&](std::int64_t b, std::int64_t e) { runner.tile(b, e - b, p.out.base + b * esize); });
+        return;
+    }
     store_tiles(p.space, p.out, runner.result_ct(),
                 [&](std::int64_t start, std::int64_t len, void* dst) { runner.tile(start, len, dst); });
 }
