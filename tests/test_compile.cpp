@@ -4,6 +4,7 @@
 
 #include <kiln/kiln.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -356,6 +357,46 @@ TEST_CASE("results: tuples and vectors of tensors; numbers as guards") {
     CHECK(rest[1].is_same(x));  // an input returned as is
 }
 
+namespace {
+struct Batch {  // an aggregate argument: tensors, a number (a guard) and a vector of tensors
+    Tensor x, w;
+    float scale;
+    std::vector<Tensor> extra;
+};
+struct Heads {  // an aggregate result
+    Tensor y, z;
+    std::array<Tensor, 2> pair;
+};
+}  // namespace
+
+TEST_CASE("aggregates: plain structs of tensors, numbers and containers as arguments and results") {
+    static_assert(kiln::detail::field_count<Batch>() == 4 && kiln::detail::field_count<Heads>() == 3);
+    const Tensor x = kiln::randn({3, 5}), w = kiln::randn({5}), e = kiln::randn({3, 1});
+    auto f = kiln::compile([](const Batch& b) {
+        Tensor s = Tensor(b.x * b.w * b.scale);
+        for (const Tensor& t : b.extra) s = Tensor(s + t);
+        return Heads{s, Tensor(kiln::exp(s)), {b.w, Tensor(s - 1)}};
+    });
+    Batch b{x, w, 2.0f, {e, e}};
+    Heads h = f(b);
+    const Tensor ref = kiln::eager(x * w * 2.0f + e + e);
+    CHECK(maxdiff(h.y, ref) < 1e-6);
+    CHECK(maxdiff(h.z, kiln::eager(kiln::exp(ref))) < 1e-6);
+    CHECK(h.pair[0].is_same(w));  // an input returned as is
+    CHECK(maxdiff(h.pair[1], kiln::eager(ref - 1)) < 1e-6);
+    CHECK(f.compiles() == 1);
+    (void)f(Batch{kiln::randn({3, 5}), w, 2.0f, {e, e}});  // same guards
+    CHECK(f.compiles() == 1);
+    b.scale = 3.0f;  // a number field is guarded by value
+    h = f(b);
+    CHECK(f.compiles() == 2);
+    CHECK(maxdiff(h.y, kiln::eager(x * w * 3.0f + e + e)) < 1e-6);
+    b.extra.push_back(e);  // a vector field's size is guarded too
+    h = f(b);
+    CHECK(f.compiles() == 3);
+    CHECK(maxdiff(h.y, kiln::eager(x * w * 3.0f + e + e + e)) < 1e-6);
+}
+
 TEST_CASE("concurrent first calls compile once") {
     auto f = kiln::compile([](const Tensor& x) { return Tensor(kiln::sin(x) + 1); });
     const Tensor x = kiln::randn({1000});
@@ -421,6 +462,8 @@ struct Program {
                 case 10: r = kiln::softmax(x, -1); break;
                 case 11: r = x.rank() >= 2 ? x.transpose(0, 1) : x.unsqueeze(0); break;
                 case 12: r = eval(kiln::cast(kiln::cast(x, DType::bf16), DType::f32)); break;
+                case 13: r = eval(kiln::cast(x * 3.0, DType::i32) + y); break;  // integer math mid-graph
+                case 14: r = eval(kiln::cast(x, DType::f64) * y - 1); break;
                 default: r = eval(kiln::exp(x * 0.1)); break;
             }
             v.push_back(r);
@@ -441,48 +484,67 @@ kiln::Shape random_shape(std::mt19937& rng, std::int64_t R, std::int64_t C) {
 
 }  // namespace
 
-TEST_CASE("fuzzer: random expression DAGs compiled == eager (fixed seeds; KILN_FUZZ_LONG=1 for more)") {
+TEST_CASE("fuzzer: random expression DAGs over f32/f64/i32/i64 inputs compiled == eager (fixed seeds; KILN_FUZZ_LONG=1 for more)") {
     const char* long_mode = std::getenv("KILN_FUZZ_LONG");
     const int graphs = long_mode && *long_mode == '1' ? 50000 : 2000;
-    int mismatches = 0, compared = 0;
+    int mismatches = 0, compared = 0, int_outputs = 0, f64_outputs = 0;
     for (int seed = 0; seed < graphs; ++seed) {
         std::mt19937 rng(static_cast<unsigned>(seed));
         const std::int64_t R = 1 + static_cast<std::int64_t>(rng() % 9), C = 1 + static_cast<std::int64_t>(rng() % 13);
         const int nin = 1 + static_cast<int>(rng() % 3);
         std::vector<Tensor> in;
         kiln::manual_seed(static_cast<std::uint64_t>(seed));
-        for (int i = 0; i < nin; ++i) in.push_back(kiln::randn(random_shape(rng, R, C)));
+        // inputs of mixed dtypes: promotion, compute-type conversions and integer kernels
+        for (int i = 0; i < nin; ++i) {
+            const kiln::Shape sh = random_shape(rng, R, C);
+            switch (rng() % 5) {
+                case 0: in.push_back(kiln::randint(-5, 6, sh, DType::i32)); break;
+                case 1: in.push_back(kiln::randint(-5, 6, sh, DType::i64)); break;
+                case 2: in.push_back(kiln::randn(sh, DType::f64)); break;
+                default: in.push_back(kiln::randn(sh)); break;
+            }
+        }
         Program p;
         const int nsteps = 1 + static_cast<int>(rng() % 8);
         for (int s = 0; s < nsteps; ++s) {
             const int avail = nin + s;
-            p.steps.push_back({static_cast<int>(rng() % 14), static_cast<int>(rng() % avail), static_cast<int>(rng() % avail),
+            p.steps.push_back({static_cast<int>(rng() % 16), static_cast<int>(rng() % avail), static_cast<int>(rng() % avail),
                                static_cast<int>(rng() % 2)});
         }
         p.outputs = 1 + static_cast<int>(rng() % 2);
         std::vector<Tensor> want;
         try {
             want = p.run(in, [](const auto& e) { return kiln::eager(e); });
-        } catch (const kiln::ShapeError&) {
-            continue;  // operands that do not broadcast: the compiled run must throw the same
+        } catch (const kiln::Error& e) {
+            // operands that do not broadcast, or an op the dtype does not allow: compiled throws too
+            auto f = kiln::compile([&](const std::vector<Tensor>& xs) { return p.run(xs, [](const auto& e) { return Tensor(e); }); });
+            INFO("seed " << seed << ": eager threw " << e.what());
+            CHECK_THROWS_AS((void)f(in), kiln::Error);
+            continue;
         }
         auto f = kiln::compile([&](const std::vector<Tensor>& xs) { return p.run(xs, [](const auto& e) { return Tensor(e); }); });
         const std::vector<Tensor> got = f(in);
         REQUIRE(got.size() == want.size());
         ++compared;
         for (std::size_t k = 0; k < got.size(); ++k) {
-            const double d = maxdiff(got[k].contiguous(), want[k].contiguous());
+            int_outputs += kiln::is_integral(got[k].dtype());
+            f64_outputs += got[k].dtype() == DType::f64;
+            const double d = got[k].dtype() != want[k].dtype() ? 1e9 : maxdiff(got[k].contiguous(), want[k].contiguous());
             if (!(d < 1e-5)) {
                 ++mismatches;
-                INFO("seed " << seed << " output " << k << " diff " << d << "\n" << f.graph());
+                INFO("seed " << seed << " output " << k << " diff " << d << " dtypes " << kiln::dtype_name(got[k].dtype()) << " / "
+                              << kiln::dtype_name(want[k].dtype()) << "\n" << f.graph());
                 CHECK(d < 1e-5);
             }
         }
         if (mismatches > 5) break;
     }
     CHECK(mismatches == 0);
-    MESSAGE(compared << " of " << graphs << " random graphs compared (the rest do not broadcast)");
+    MESSAGE(compared << " of " << graphs << " random graphs compared (the rest do not broadcast); " << int_outputs
+                     << " integer and " << f64_outputs << " float64 outputs");
     CHECK(compared > graphs / 2);
+    CHECK(int_outputs > graphs / 20);
+    CHECK(f64_outputs > graphs / 20);
 }
 
 TEST_CASE("explain() reports graphs, breaks, kernels; DOT export has one cluster per kernel") {
@@ -531,4 +593,17 @@ TEST_CASE("memory planning: a steady-state call allocates only its outputs; dead
     CHECK(after - before == 1);  // the output only
     CHECK(maxdiff(out, ref(x)) < 1e-5);
     (void)w;
+
+    // with dynamic shapes each recent input shape keeps its instance: a repeated size also
+    // allocates only its output, and going back to an earlier size finds its instance again
+    auto d = kiln::compile(ref, {.dynamic = kiln::Dynamic::on});
+    for (std::int64_t rows : {64, 48, 64, 48}) {
+        const Tensor t = kiln::randn({rows, 128});
+        CHECK(maxdiff(d(t), ref(t)) < 1e-5);
+        const auto b0 = kiln::host_allocator_stats().allocations;
+        const Tensor o = d(t);
+        CHECK(kiln::host_allocator_stats().allocations - b0 == 1);
+        CHECK(maxdiff(o, ref(t)) < 1e-5);
+    }
+    CHECK(d.compiles() == 1);
 }

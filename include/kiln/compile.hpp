@@ -1,6 +1,7 @@
 // kiln::compile: trace a function into a graph, optimize and fuse it, cache the program under guards.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <functional>
@@ -88,6 +89,53 @@ template <class T, class A> struct is_vector<std::vector<T, A>> : std::true_type
 template <class T> struct is_array : std::false_type {};
 template <class T, std::size_t N> struct is_array<std::array<T, N>> : std::true_type {};
 
+// Aggregates (plain structs of Tensors, numbers and containers of them, no base classes) are
+// taken apart with structured bindings; their field count comes from brace-initialization with a
+// value convertible to anything (the technique of Boost.PFR), up to max_fields fields.
+inline constexpr std::size_t max_fields = 12;
+struct AnyField {
+    template <class T> operator T() const;  // never defined: only in unevaluated contexts
+};
+template <class T, std::size_t... I>
+constexpr bool brace_constructible(std::index_sequence<I...>) {
+    return requires { T{(void(I), AnyField{})...}; };
+}
+template <class T, std::size_t N = 0>
+constexpr std::size_t field_count() {
+    if constexpr (N < max_fields + 1 && brace_constructible<T>(std::make_index_sequence<N + 1>{})) return field_count<T, N + 1>();
+    else return N;
+}
+template <class T>
+inline constexpr bool is_struct_of_fields = std::is_aggregate_v<T> && std::is_class_v<T> && !std::is_same_v<T, Tensor> &&
+                                            field_count<T>() >= 1 && field_count<T>() <= max_fields;
+
+/// The fields of aggregate a as a tuple of references.
+template <class T> auto fields(T& a) {
+    constexpr std::size_t n = field_count<std::remove_const_t<T>>();
+#define KILN_FIELDS_(N, ...)                       \
+    if constexpr (n == N) {                        \
+        auto& [__VA_ARGS__] = a;                   \
+        return std::tie(__VA_ARGS__);              \
+    } else
+    KILN_FIELDS_(1, f0)
+    KILN_FIELDS_(2, f0, f1)
+    KILN_FIELDS_(3, f0, f1, f2)
+    KILN_FIELDS_(4, f0, f1, f2, f3)
+    KILN_FIELDS_(5, f0, f1, f2, f3, f4)
+    KILN_FIELDS_(6, f0, f1, f2, f3, f4, f5)
+    KILN_FIELDS_(7, f0, f1, f2, f3, f4, f5, f6)
+    KILN_FIELDS_(8, f0, f1, f2, f3, f4, f5, f6, f7)
+    KILN_FIELDS_(9, f0, f1, f2, f3, f4, f5, f6, f7, f8)
+    KILN_FIELDS_(10, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9)
+    KILN_FIELDS_(11, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10)
+    KILN_FIELDS_(12, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11)
+    static_assert(n >= 1 && n <= max_fields, "kiln::compile: aggregates of 1 to 12 fields");
+#undef KILN_FIELDS_
+}
+/// The type of field I of aggregate T.
+template <class T, std::size_t I>
+using field_t = std::remove_cvref_t<std::tuple_element_t<I, decltype(fields(std::declval<T&>()))>>;
+
 template <class T> void flatten(const T& a, Flat& f) {
     using D = std::remove_cvref_t<T>;
     if constexpr (std::is_same_v<D, Tensor>) {
@@ -99,10 +147,12 @@ template <class T> void flatten(const T& a, Flat& f) {
         for (const auto& x : a) flatten(x, f);
     } else if constexpr (is_tuple_like<D>::value) {
         std::apply([&](const auto&... x) { (flatten(x, f), ...); }, a);
+    } else if constexpr (is_struct_of_fields<D>) {
+        std::apply([&](const auto&... x) { (flatten(x, f), ...); }, fields(a));
     } else {
         static_assert(std::is_same_v<D, Tensor>,
                       "kiln::compile: arguments and results must be Tensors, numbers, or std::tuple / std::pair / "
-                      "std::vector / std::array of them");
+                      "std::vector / std::array / aggregate structs of them");
     }
 }
 
@@ -122,8 +172,10 @@ template <class T, class Next> T rebuild(const T& a, Next& next) {
         D out;
         for (std::size_t i = 0; i < a.size(); ++i) out[i] = rebuild(a[i], next);
         return out;
-    } else {
+    } else if constexpr (is_tuple_like<D>::value) {
         return std::apply([&](const auto&... x) { return D{rebuild(x, next)...}; }, a);
+    } else {
+        return std::apply([&](const auto&... x) { return D{rebuild(x, next)...}; }, fields(a));
     }
 }
 
@@ -234,6 +286,43 @@ inline void refresh_row_spaces(const ir::Graph& g, fuse::Plan& p) {
                 }
 }
 
+/// A dynamic program's instances for the input shapes it met last: a call whose shapes match one
+/// reuses it (no per-call copy of the graph and plan, and its memory plan applies); at most
+/// `capacity` are kept, the least recently used goes first.
+template <class Instance>
+class ShapeInstances {
+public:
+    static constexpr std::size_t capacity = 8;
+    template <class Make>
+    std::shared_ptr<const Instance> get(const std::vector<Tensor>& in, Make&& make) {
+        std::vector<Shape> key;
+        key.reserve(in.size());
+        for (const Tensor& t : in) key.push_back(t.shape());
+        {
+            std::lock_guard lock(mu_);
+            for (std::size_t i = 0; i < entries_.size(); ++i)
+                if (entries_[i].first == key) {
+                    std::rotate(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(i),
+                                entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+                    return entries_.front().second;
+                }
+        }
+        std::shared_ptr<const Instance> made = make();  // outside the lock: another size may build meanwhile
+        std::lock_guard lock(mu_);
+        entries_.insert(entries_.begin(), {std::move(key), made});
+        if (entries_.size() > capacity) entries_.pop_back();
+        return made;
+    }
+    std::size_t size() const {
+        std::lock_guard lock(mu_);
+        return entries_.size();
+    }
+
+private:
+    mutable std::mutex mu_;
+    std::vector<std::pair<std::vector<Shape>, std::shared_ptr<const Instance>>> entries_;
+};
+
 inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device);
 
 /// The backend's executable for an optimized graph (device: a CUDA device index, or -1 for the CPU),
@@ -295,23 +384,36 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
     if (device >= 0) {
         auto cprog = std::make_shared<cuda::detail::CudaGraphProgram>(g, plan, device);
         if (!dynamic) return [cprog](const std::vector<Tensor>& in) { return cprog->run(in); };
-        return [cprog](const std::vector<Tensor>& in) {
-            ir::Graph g2 = cprog->graph();
-            infer_shapes(g2, in);
-            fuse::Plan p2 = cprog->plan();
-            refresh_row_spaces(g2, p2);
-            return cprog->run_graph(g2, p2, in);
+        // the kernels are shape-generic; each input shape gets its graph and plan once
+        struct Shaped {
+            ir::Graph g;
+            fuse::Plan p;
+        };
+        auto shaped = std::make_shared<ShapeInstances<Shaped>>();
+        return [cprog, shaped](const std::vector<Tensor>& in) {
+            const auto inst = shaped->get(in, [&] {
+                auto s = std::make_shared<Shaped>(Shaped{cprog->graph(), cprog->plan()});
+                infer_shapes(s->g, in);
+                refresh_row_spaces(s->g, s->p);
+                return s;
+            });
+            return cprog->run_graph(inst->g, inst->p, in);
         };
     }
     auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(g, plan);
     if (!dynamic) return [prog](const std::vector<Tensor>& in) { return prog->run(in); };
-    const Options o = opt;
-    return [prog, o](const std::vector<Tensor>& in) {
-        ir::Graph g2 = prog->graph();
-        infer_shapes(g2, in);
-        fuse::Plan p2 = prog->plan();
-        refresh_row_spaces(g2, p2);
-        return kiln::detail::CpuGraphProgram(std::move(g2), std::move(p2), /*plan_memory=*/false).run(in);
+    // each input shape gets its program (shapes, row spaces, memory plan) once; the trace, passes
+    // and fusion are shared by all sizes
+    auto shaped = std::make_shared<ShapeInstances<kiln::detail::CpuGraphProgram>>();
+    return [prog, shaped](const std::vector<Tensor>& in) {
+        const auto inst = shaped->get(in, [&] {
+            ir::Graph g2 = prog->graph();
+            infer_shapes(g2, in);
+            fuse::Plan p2 = prog->plan();
+            refresh_row_spaces(g2, p2);
+            return std::make_shared<kiln::detail::CpuGraphProgram>(std::move(g2), std::move(p2));
+        });
+        return inst->run(in);
     };
 }
 
@@ -533,10 +635,14 @@ private:
             ++s;
             for (auto& x : out) x = unflatten_one<typename D::value_type>(outs, k, sizes, s);
             return out;
-        } else {
+        } else if constexpr (detail::is_tuple_like<D>::value) {
             return [&]<std::size_t... I>(std::index_sequence<I...>) {
                 return D{unflatten_one<std::tuple_element_t<I, D>>(outs, k, sizes, s)...};
             }(std::make_index_sequence<std::tuple_size_v<D>>{});
+        } else {
+            return [&]<std::size_t... I>(std::index_sequence<I...>) {
+                return D{unflatten_one<detail::field_t<D, I>>(outs, k, sizes, s)...};
+            }(std::make_index_sequence<detail::field_count<D>()>{});
         }
     }
 
