@@ -4,6 +4,7 @@
 
 #include <kiln/kiln.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -132,6 +133,52 @@ TEST_CASE("fuser: elementwise work on a reduction without keepdim joins its row 
     const Tensor h = kiln::randn({2, 2, 2, 8}), w = kiln::randn({8, 3});
     auto pool = kiln::compile([&](const Tensor& t) { return kiln::matmul(kiln::mean(kiln::relu(t), {1, 2}), w); });
     CHECK(maxdiff(pool(h), kiln::matmul(kiln::mean(kiln::relu(h), {1, 2}), w)) < 1e-5);
+}
+
+TEST_CASE("fuser: a group reads at most max_inputs tensors, so a sum of many tensors splits and stays right") {
+    std::vector<Tensor> xs;
+    for (int i = 0; i < 40; ++i) xs.push_back(i % 3 ? kiln::randn({6, 7}) : kiln::randn({7}));  // some broadcast rows
+    auto flat = [](const std::vector<Tensor>& v) {
+        Tensor s = v[0];
+        for (std::size_t i = 1; i < v.size(); ++i) s = Tensor(s + v[i] * static_cast<double>(i % 4 + 1));
+        return std::vector<Tensor>{Tensor(kiln::tanh(s)), kiln::sum(s, 1, true)};
+    };
+    auto rows = [](const std::vector<Tensor>& v) {  // a row group with many producers and consumers
+        Tensor s = v[0];
+        for (std::size_t i = 1; i < 20; ++i) s = Tensor(s + v[i]);
+        Tensor y = kiln::softmax(s, -1);
+        for (std::size_t i = 20; i < v.size(); ++i) y = Tensor(y * (v[i] + 2.0));
+        return std::vector<Tensor>{y, Tensor(y - 1.0)};
+    };
+    for (int limit : {4, 9, 24})
+    for (int which : {0, 1}) {
+        INFO("max_inputs " << limit << (which ? ", row group" : ", elementwise"));
+        const std::function<std::vector<Tensor>(const std::vector<Tensor>&)> body =
+            which ? std::function<std::vector<Tensor>(const std::vector<Tensor>&)>(rows) : flat;
+        const std::vector<Tensor> want = body(std::vector<Tensor>(xs));  // eager statements
+        // the plan itself: every group reads at most `limit` tensors
+        kiln::trace::Tracer tr(nullptr, true);
+        kiln::ir::Graph opt;
+        {
+            kiln::trace::ActiveScope scope(&tr);
+            std::vector<Tensor> in;
+            for (const Tensor& a : xs) in.push_back(tr.input(a));
+            const std::vector<Tensor> outs = body(in);
+            kiln::ir::Graph g = tr.graph();
+            for (const Tensor& o : outs) g.outputs.push_back(tr.node_of(o));
+            opt = kiln::passes::run_pipeline(g, {});
+        }
+        const kiln::fuse::Plan plan = kiln::fuse::plan(opt, {.max_inputs = limit, .max_nodes = 1000});
+        int widest = 0;
+        for (const auto& G : plan.groups) widest = std::max(widest, static_cast<int>(G.leaves.size()));
+        CHECK(widest <= limit);
+        CHECK(plan.kernels() >= 40 / limit);
+        auto f = kiln::compile(body, {.limits = {.max_inputs = limit, .max_nodes = 1000}});
+        const std::vector<Tensor> got = f(xs);
+        CHECK(f.kernels() == plan.kernels());
+        CHECK(maxdiff(got[0], want[0]) < 1e-5);
+        CHECK(maxdiff(got[1], want[1]) < 1e-4);
+    }
 }
 
 TEST_CASE("kernel counts: a+b+c is 1, softmax 1, layer_norm 1, matmul+bias+gelu is the GEMM plus 1") {

@@ -45,7 +45,7 @@ inline const char* group_kind_name(Group::Kind k) {
 
 /// Limits that bound a group.
 struct Limits {
-    int max_inputs = 24;               ///< leaves per elementwise group before it splits
+    int max_inputs = 24;               ///< tensors an elementwise or reduce group reads before it splits
     int max_nodes = 64;                ///< nodes per group before it splits
     std::int64_t max_row = 1 << 16;    ///< longest row (reduced elements) a row group holds
 };
@@ -132,6 +132,19 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             return n.in.size() == 1 && g[n.in[0]].shape == G.space && n.mask == G.mask && compute_dtype(n.dtype) == G.ct;
         return false;
     };
+    // tensors row group G reads (with node extra as a member too, when >= 0)
+    auto row_reads = [&](const Group& G, int extra) {
+        std::vector<int> reads;
+        auto add = [&](int j) {
+            for (int k : g[j].in)
+                if (g[k].kind != Kind::scalar && k != extra && std::find(G.nodes.begin(), G.nodes.end(), k) == G.nodes.end() &&
+                    std::find(reads.begin(), reads.end(), k) == reads.end())
+                    reads.push_back(k);
+        };
+        for (int j : G.nodes) add(j);
+        if (extra >= 0) add(extra);
+        return static_cast<int>(reads.size());
+    };
     std::vector<char> closed;  // a group read by a later non-member takes no more members
     auto close_operands = [&](int i) {
         for (int j : g[i].in)
@@ -158,30 +171,59 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             const int gid = static_cast<int>(rows.size());
             // the elementwise producers of the operand: every member_ok ancestor, minus (to a
             // fixpoint) those read by a node outside the group that comes before the reduction
-            // (or after it, when the value could not be stored in the row shape)
+            // (or after it, when the value could not be stored in the row shape); then, while the
+            // group would read more than max_inputs tensors or hold more than max_nodes nodes, the
+            // producers farthest from the reduction stay outside
             std::vector<int> pro;
             std::vector<char> cand(sz(N), 0);
-            std::vector<int> stack{x};
-            while (!stack.empty()) {
-                const int j = stack.back();
-                stack.pop_back();
+            std::vector<int> depth(sz(N), 0);
+            std::vector<int> queue{x};
+            for (std::size_t q = 0; q < queue.size(); ++q) {  // breadth first: depth = distance from x
+                const int j = queue[q];
                 if (cand[sz(j)] || g[j].kind != Kind::elementwise || row_of[sz(j)] >= 0 || !member_ok(j, G)) continue;
                 cand[sz(j)] = 1;
-                for (int k : g[j].in) stack.push_back(k);
+                for (int k : g[j].in)
+                    if (!cand[sz(k)]) {
+                        if (depth[sz(k)] == 0) depth[sz(k)] = depth[sz(j)] + 1;
+                        queue.push_back(k);
+                    }
             }
-            for (bool changed = true; changed;) {
-                changed = false;
-                for (int j = 0; j < i; ++j) {
-                    if (!cand[sz(j)]) continue;
-                    bool keep = true;
-                    for (int u : users[sz(j)])
-                        if (u != i && !cand[sz(u)] && !(u > i && g[j].shape == S)) keep = false;
-                    if (is_output[sz(j)] && !(g[j].shape == S)) keep = false;
-                    if (!keep) {
-                        cand[sz(j)] = 0;
-                        changed = true;
+            auto settle = [&] {
+                for (bool changed = true; changed;) {
+                    changed = false;
+                    for (int j = 0; j < i; ++j) {
+                        if (!cand[sz(j)]) continue;
+                        bool keep = true;
+                        for (int u : users[sz(j)])
+                            if (u != i && !cand[sz(u)] && !(u > i && g[j].shape == S)) keep = false;
+                        if (is_output[sz(j)] && !(g[j].shape == S)) keep = false;
+                        if (!keep) {
+                            cand[sz(j)] = 0;
+                            changed = true;
+                        }
                     }
                 }
+            };
+            auto too_big = [&] {
+                std::vector<int> reads;
+                int count = 1;
+                for (int j = 0; j <= i; ++j) {
+                    if (j < i && !cand[sz(j)]) continue;
+                    count += j < i;
+                    for (int k : g[j].in)
+                        if (g[k].kind != Kind::scalar && (k >= i || !cand[sz(k)]) && std::find(reads.begin(), reads.end(), k) == reads.end())
+                            reads.push_back(k);
+                }
+                return static_cast<int>(reads.size()) > lim.max_inputs || count > lim.max_nodes;
+            };
+            settle();
+            while (too_big() && std::find(cand.begin(), cand.begin() + i, 1) != cand.begin() + i) {
+                int far = 0;
+                for (int j = 0; j < i; ++j)
+                    if (cand[sz(j)]) far = std::max(far, depth[sz(j)]);
+                for (int j = 0; j < i; ++j)
+                    if (cand[sz(j)] && depth[sz(j)] == far) cand[sz(j)] = 0;
+                settle();
             }
             for (int j = 0; j < i; ++j)
                 if (cand[sz(j)]) pro.push_back(j);
@@ -205,7 +247,7 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
                 if (coords && row_of[sz(j)] == gid && g[j].kind == Kind::reduce)
                     coords = detail::per_row(g[j].shape, rows[sz(gid)].space, rows[sz(gid)].mask);
             if (gid < 0 || conflict || !coords || closed[sz(gid)] || !member_ok(i, rows[sz(gid)]) ||
-                static_cast<int>(rows[sz(gid)].nodes.size()) >= lim.max_nodes) {
+                static_cast<int>(rows[sz(gid)].nodes.size()) >= lim.max_nodes || row_reads(rows[sz(gid)], i) > lim.max_inputs) {
                 close_operands(i);
                 continue;
             }
@@ -223,6 +265,16 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     //    otherwise it roots a group of its own and is materialized once.
     std::vector<int> root_of(sz(N), -1);
     std::vector<int> group_size(sz(N), 0);
+    // what each group reads so far: its members' operands that are not (yet) members. A node
+    // joining its users' group leaves this set and adds its own operands; a node whose joining
+    // would take the group past max_inputs is materialized instead, so a huge sum splits.
+    std::vector<std::vector<int>> reads_of(sz(N));
+    auto operands = [&](int i) {
+        std::vector<int> r;
+        for (int j : g[i].in)
+            if (g[j].kind != Kind::scalar && std::find(r.begin(), r.end(), j) == r.end()) r.push_back(j);
+        return r;
+    };
     for (int i = N - 1; i >= 0; --i) {
         const ir::Node& n = g[i];
         bool m = false;
@@ -249,13 +301,25 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             }
             if (target < 0 || group_size[sz(target)] >= lim.max_nodes) m = true;
             if (!m) {
+                std::vector<int>& reads = reads_of[sz(target)];
+                const std::vector<int> own = operands(i);
+                std::size_t after = reads.size() - static_cast<std::size_t>(std::count(reads.begin(), reads.end(), i));
+                for (int j : own) after += std::find(reads.begin(), reads.end(), j) == reads.end();
+                if (static_cast<int>(after) > lim.max_inputs) m = true;
+            }
+            if (!m) {
                 root_of[sz(i)] = target;
                 ++group_size[sz(target)];
+                std::vector<int>& reads = reads_of[sz(target)];
+                std::erase(reads, i);
+                for (int j : operands(i))
+                    if (std::find(reads.begin(), reads.end(), j) == reads.end()) reads.push_back(j);
             }
         }
         if (m && row_of[sz(i)] < 0 && n.kind != Kind::input && n.kind != Kind::constant && n.kind != Kind::scalar) {
             root_of[sz(i)] = i;
             group_size[sz(i)] = 1;
+            reads_of[sz(i)] = operands(i);
         }
         p.materialized[sz(i)] = m;
     }
