@@ -326,6 +326,47 @@ TEST_CASE("automatic dynamic: the second size makes the dim symbolic, a third si
     CHECK(on.compiles() == 1);
 }
 
+TEST_CASE("dynamic shapes through views: permutes, splits and slices of other dims follow; a sliced or merged dynamic dim specializes") {
+    struct Case {
+        const char* name;
+        std::function<Tensor(const Tensor&, const Tensor&)> fn;
+        int compiles;  // after five sizes: 2 when the views follow the batch dim, 5 when they cannot
+    };
+    const std::vector<Case> cases = {
+        {"transpose", [](const Tensor& x, const Tensor& m) { return Tensor(kiln::exp(x.t()) * m.t() + 1); }, 2},
+        {"split of a static dim",
+         [](const Tensor& x, const Tensor& m) { return kiln::sum(Tensor(x * m).reshape({x.shape()[0], 3, 4}), 2); }, 2},
+        {"permute after a split",
+         [](const Tensor& x, const Tensor& m) { return Tensor(x.reshape({-1, 2, 6}).permute({2, 0, 1}) * 2 + m.reshape({-1, 2, 6}).permute({2, 0, 1})); }, 2},
+        {"slice and step of a static dim",
+         [](const Tensor& x, const Tensor& m) { return Tensor(x.slice(1, 1, 11, 3) - m.slice(1, 0, 4)); }, 2},
+        {"unsqueeze, then a row reduction",
+         [](const Tensor& x, const Tensor& m) { return kiln::softmax(Tensor(x.unsqueeze(1) + m.unsqueeze(1)), -1); }, 2},
+        {"a slice of the dynamic dim", [](const Tensor& x, const Tensor& m) { return Tensor(x.slice(0, 0, 5) + m.slice(0, 1, 6)); }, 5},
+        {"a merge of the dynamic dim", [](const Tensor& x, const Tensor& m) { return Tensor(x.reshape({-1}) * m.reshape({-1})); }, 5},
+    };
+    for (const Case& c : cases) {
+        INFO(c.name);
+        LogCapture logs("recompiles");
+        auto f = kiln::compile(c.fn);
+        for (std::int64_t n : {32, 64, 128, 1000, 7}) {
+            INFO("batch " << n);
+            const Tensor x = kiln::randn({n, 12}), m = kiln::randn({n, 12});
+            const Tensor got = f(x, m), want = c.fn(x, m);
+            REQUIRE(got.shape() == want.shape());
+            CHECK(maxdiff(got.contiguous(), want.contiguous()) < 1e-5);
+        }
+        CHECK(f.compiles() == c.compiles);
+        if (c.compiles == 2) CHECK(logs.contains("argument 1 dim 0 was 32, now 64; marking dim 0 dynamic"));
+    }
+    // symbolic dims that do not fit together at run time: a ShapeError naming the op and shapes
+    auto add = kiln::compile([](const Tensor& a, const Tensor& b) { return Tensor(a + b); }, {.dynamic = kiln::Dynamic::on});
+    (void)add(kiln::randn({4, 3}), kiln::randn({4, 3}));
+    CHECK_THROWS_WITH_AS((void)add(kiln::randn({5, 3}), kiln::randn({6, 3})), doctest::Contains("add of operands"), kiln::ShapeError);
+    CHECK(add.compiles() == 1);
+    CHECK(maxdiff(add(kiln::ones({6, 3}), kiln::ones({6, 3})), kiln::full({6, 3}, 2.0)) == 0);  // nothing left broken
+}
+
 TEST_CASE("the recompile limit: fall back to eager with one warning, or throw") {
     auto f = kiln::compile([](const Tensor& x) { return Tensor(x + 1); },
                            {.dynamic = kiln::Dynamic::off, .recompile_limit = 2});

@@ -209,26 +209,79 @@ struct Segment {
     Executable run;
 };
 
-/// Whether shapes in the graph are all derivable from the inputs at run time (views bake in
-/// strides, so graphs with views stay static).
-inline bool shape_polymorphic(const ir::Graph& g) {
-    for (const ir::Node& n : g.nodes)
-        if (n.kind == ir::Kind::view) return false;
+/// Re-derives view v (recorded over an operand of shape `from`) for an operand of shape `to`:
+/// shape, strides and offset. A view reads its operand's row-major layout; each of its dims walks
+/// one operand dim (a permute, a split of a dim, a slice, a step) or none (broadcast). It can
+/// follow a dim that changed size only when exactly one of its dims walks that whole dim with
+/// step 1 from index 0 (permutes, squeezes, unsqueezes, splits and slices of other dims);
+/// otherwise (the dim is sliced, merged, split or broadcast) it returns false.
+inline bool rederive_view(ir::Node& v, const Shape& from, const Shape& to) {
+    if (from == to) return true;
+    if (from.rank() != to.rank()) return false;
+    const int r = from.rank();
+    const Strides sf = contiguous_strides(from), st = contiguous_strides(to);
+    // the offset as a start index per operand dim
+    std::vector<std::int64_t> start(static_cast<std::size_t>(r), 0);
+    std::int64_t off = static_cast<std::int64_t>(v.value);
+    for (int d = 0; d < r; ++d)
+        if (from[d] > 1) {
+            start[static_cast<std::size_t>(d)] = off / sf[d];
+            off -= start[static_cast<std::size_t>(d)] * sf[d];
+        }
+    if (off != 0) return false;
+    // the operand dim each view dim walks, and its step
+    std::vector<int> dim_of(static_cast<std::size_t>(v.shape.rank()), -1);
+    std::vector<std::int64_t> step(static_cast<std::size_t>(v.shape.rank()), 0);
+    for (int k = 0; k < v.shape.rank(); ++k) {
+        if (v.shape[k] == 1 || v.args[k] == 0) continue;
+        for (int d = r - 1; d >= 0 && dim_of[static_cast<std::size_t>(k)] < 0; --d) {
+            if (from[d] <= 1 || v.args[k] % sf[d] != 0) continue;
+            const std::int64_t c = v.args[k] / sf[d];
+            if (c > 0 && c * (v.shape[k] - 1) + start[static_cast<std::size_t>(d)] < from[d]) {
+                dim_of[static_cast<std::size_t>(k)] = d;
+                step[static_cast<std::size_t>(k)] = c;
+            }
+        }
+        if (dim_of[static_cast<std::size_t>(k)] < 0) return false;
+    }
+    for (int d = 0; d < r; ++d) {
+        if (from[d] == to[d]) continue;
+        int walkers = 0, whole = 0;
+        for (int k = 0; k < v.shape.rank(); ++k)
+            if (dim_of[static_cast<std::size_t>(k)] == d) {
+                ++walkers;
+                whole += step[static_cast<std::size_t>(k)] == 1 && v.shape[k] == from[d] && start[static_cast<std::size_t>(d)] == 0;
+            }
+        if (walkers != 1 || whole != 1) return false;
+    }
+    std::int64_t offset = 0;
+    for (int d = 0; d < r; ++d) offset += start[static_cast<std::size_t>(d)] * st[d];
+    for (int k = 0; k < v.shape.rank(); ++k) {
+        const int d = dim_of[static_cast<std::size_t>(k)];
+        if (d < 0) continue;
+        if (from[d] != to[d]) v.shape[k] = to[d];
+        v.args[k] = step[static_cast<std::size_t>(k)] * st[d];
+    }
+    v.value = static_cast<double>(offset);
     return true;
 }
 
-/// Shapes of every node for concrete inputs (dynamic programs re-derive them on each call).
-inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
+/// Shapes of every node for inputs of these shapes (dynamic programs re-derive them on each
+/// call). Returns -1, or the first node whose shape cannot be derived: operands that do not
+/// broadcast, or a view that cannot follow a changed dim (rederive_view).
+inline int infer_shapes(ir::Graph& g, const std::vector<Shape>& inputs) {
+    std::vector<Shape> recorded(static_cast<std::size_t>(g.size()));
+    for (int i = 0; i < g.size(); ++i) recorded[static_cast<std::size_t>(i)] = g[i].shape;
     for (int i = 0; i < g.size(); ++i) {
         ir::Node& n = g[i];
         switch (n.kind) {
-            case ir::Kind::input: n.shape = inputs[static_cast<std::size_t>(n.index)].shape(); break;
+            case ir::Kind::input: n.shape = inputs[static_cast<std::size_t>(n.index)]; break;
             case ir::Kind::constant: n.shape = n.tensor.shape(); break;
             case ir::Kind::scalar: break;
             case ir::Kind::elementwise: {
                 Shape s;
                 for (int j : n.in)
-                    if (g[j].kind != ir::Kind::scalar) kiln::detail::try_broadcast(s, g[j].shape, s);
+                    if (g[j].kind != ir::Kind::scalar && !kiln::detail::try_broadcast(s, g[j].shape, s)) return i;
                 n.shape = s;
                 break;
             }
@@ -254,7 +307,9 @@ inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
                 n.shape = batch;
                 break;
             }
-            case ir::Kind::view: break;
+            case ir::Kind::view:
+                if (!rederive_view(n, recorded[static_cast<std::size_t>(n.in[0])], g[n.in[0]].shape)) return i;
+                break;
             case ir::Kind::call: {
                 std::vector<Shape> in;
                 for (int j : n.in) in.push_back(g[j].shape);
@@ -262,6 +317,55 @@ inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
                 break;
             }
         }
+    }
+    return -1;
+}
+inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
+    std::vector<Shape> shapes;
+    std::string list;
+    for (const Tensor& t : inputs) {
+        shapes.push_back(t.shape());
+        if (!list.empty()) list += ", ";
+        list += t.shape().str();
+    }
+    if (const int bad = infer_shapes(g, shapes); bad >= 0) {
+        const ir::Node& n = g[bad];
+        std::string what = n.kind == ir::Kind::view ? "a view" : "operands";
+        if (n.kind == ir::Kind::elementwise) {
+            what = ops::op_name(n.op);
+            what += " of operands";
+            for (int j : n.in)
+                if (g[j].kind != ir::Kind::scalar) {
+                    what += ' ';
+                    what += g[j].shape.str();
+                }
+        }
+        std::string msg = "kiln::compile: for inputs of shapes ";
+        msg += list;
+        msg += ", ";
+        msg += what;
+        msg += " (graph node %";
+        msg += std::to_string(bad);
+        msg += ") do not fit together";
+        throw ShapeError(msg);
+    }
+}
+
+/// Whether a graph traced over `inputs` can run for every size of the dims guards mark symbolic:
+/// probed by inferring its shapes with each symbolic size changed (equal sizes to equal sizes).
+inline bool follows_symbolic_dims(const ir::Graph& g, const std::vector<Tensor>& inputs, const std::vector<cache::TensorGuard>& guards) {
+    std::vector<Shape> probe;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        Shape s = inputs[i].shape();
+        for (int d = 0; d < s.rank() && i < guards.size(); ++d)
+            if (guards[i].dims[d] == cache::symbolic) s[d] = 2 * s[d] + 3;
+        probe.push_back(s);
+    }
+    ir::Graph copy = g;
+    try {
+        return infer_shapes(copy, probe) < 0;
+    } catch (const Error&) {  // a library call that cannot take the probe's shapes
+        return false;
     }
 }
 
@@ -559,6 +663,8 @@ private:
         if (flat.tensors.size() != e.guards.size()) return "the number of tensor arguments changed";
         if (flat.numbers != e.numbers) return "a number argument changed value";
         if (flat.sizes != e.sizes) return "a vector argument changed length";
+        // every argument that changed, so dims that change together turn symbolic together
+        std::string all;
         for (std::size_t i = 0; i < e.guards.size(); ++i) {
             const std::string m = e.guards[i].mismatch(flat.tensors[i]);
             if (m.empty()) continue;
@@ -574,9 +680,10 @@ private:
                         why += "; marking dim " + std::to_string(d) + " dynamic";
                     }
             }
-            return why;
+            if (!all.empty()) all += "; ";
+            all += why;
         }
-        return "unknown";
+        return all.empty() ? "unknown" : all;
     }
 
     template <class... Args>
@@ -667,11 +774,13 @@ private:
         ir::Graph& g = tr.graph();
         for (const Tensor& t : outs.tensors) g.outputs.push_back(tr.node_of(t));
         ir::Graph opt = passes::run_pipeline(g, graph_logger(), {.freeze = opt_.freeze});
-        polymorphic_ = detail::shape_polymorphic(opt);
         bool dynamic = false;
         for (const auto& gd : entry.guards)
             for (auto d : gd.dims) dynamic = dynamic || d == cache::symbolic;
-        if (dynamic && !polymorphic_) {  // views bake in shapes: specialize after all
+        // a view that slices, merges or broadcasts a symbolic dim bakes its size in: specialize
+        // after all, and mark no more dims dynamic
+        polymorphic_ = !dynamic || detail::follows_symbolic_dims(opt, flat.tensors, entry.guards);
+        if (dynamic && !polymorphic_) {
             for (std::size_t i = 0; i < entry.guards.size(); ++i) entry.guards[i] = cache::TensorGuard::of(flat.tensors[i], {});
             dynamic = false;
         }
