@@ -205,6 +205,7 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
             if (g[G.nodes[m]].kind == ir::Kind::elementwise)
                 for (unsigned mask = 0; mask < (g[G.nodes[m]].in.size() == 2 ? 3u : 1u); ++mask)
                     kernels[m][mask] = any_tile_kernel(g[G.nodes[m]].op, dtype_of<T>, mask);
+        const AnyTileKernel mul_by_scalar = any_tile_kernel(ops::op_id<ops::Mul>, dtype_of<T>, 2u);
         const std::int64_t grain = std::max<std::int64_t>(1, parallel_grain / std::max<std::int64_t>(inner, 1));
         parallel_for(outer, grain, [&](std::int64_t b, std::int64_t e) {
             const std::size_t L = static_cast<std::size_t>(inner) + 64;
@@ -282,7 +283,14 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
                         unsigned mask = 0;
                         if (vec[m] && n.in.size() == 2 && varies(n.in[0]) != varies(n.in[1])) mask = varies(n.in[0]) ? 2u : 1u;
                         for (std::size_t k = 0; k < n.in.size(); ++k) in[k] = operand(n.in[k], k, vec[m] && !(mask >> k & 1u));
-                        if (vec[m]) {
+                        if (vec[m] && mask == 2u && n.op == ops::op_id<ops::Div>) {
+                            // a row divided by one value (softmax's normalization): multiply by its
+                            // reciprocal, one division per row instead of one per element, as
+                            // torch's CPU softmax does (within an ulp of the quotient)
+                            const T r = T(1) / *static_cast<const T*>(in[1]);
+                            in[1] = &r;
+                            mul_by_scalar(in, out, inner, n.attr);
+                        } else if (vec[m]) {
                             kernels[m][mask](in, out, inner, n.attr);
                         } else {
                             T r{};
