@@ -53,10 +53,9 @@ struct LogCapture {
 
 namespace {
 
-/// Traces fn over tensors like args into an optimized graph, plans it and lets the GEMM absorb
-/// its epilogues (as the CUDA backend does).
+/// Traces fn over tensors like args into an optimized graph.
 template <class F>
-std::pair<kiln::ir::Graph, kiln::fuse::Plan> epilogue_plan(const std::vector<Tensor>& args, F&& fn) {
+kiln::ir::Graph traced_graph(const std::vector<Tensor>& args, F&& fn) {
     kiln::trace::Tracer tr(nullptr, true);
     kiln::trace::ActiveScope scope(&tr);
     std::vector<Tensor> in;
@@ -64,7 +63,14 @@ std::pair<kiln::ir::Graph, kiln::fuse::Plan> epilogue_plan(const std::vector<Ten
     const std::vector<Tensor> outs = fn(in);
     kiln::ir::Graph g = tr.graph();
     for (const Tensor& o : outs) g.outputs.push_back(tr.node_of(o));
-    kiln::ir::Graph opt = kiln::passes::run_pipeline(g, {});
+    return kiln::passes::run_pipeline(g, {});
+}
+
+/// The optimized graph of fn, planned, with the GEMM absorbing its epilogues (as the CUDA
+/// backend does).
+template <class F>
+std::pair<kiln::ir::Graph, kiln::fuse::Plan> epilogue_plan(const std::vector<Tensor>& args, F&& fn) {
+    kiln::ir::Graph opt = traced_graph(args, std::forward<F>(fn));
     kiln::fuse::Plan plan = kiln::fuse::plan(opt);
     kiln::fuse::absorb_matmul_epilogues(opt, plan);
     return {std::move(opt), std::move(plan)};
@@ -157,17 +163,7 @@ TEST_CASE("fuser: a group reads at most max_inputs tensors, so a sum of many ten
             which ? std::function<std::vector<Tensor>(const std::vector<Tensor>&)>(rows) : flat;
         const std::vector<Tensor> want = body(std::vector<Tensor>(xs));  // eager statements
         // the plan itself: every group reads at most `limit` tensors
-        kiln::trace::Tracer tr(nullptr, true);
-        kiln::ir::Graph opt;
-        {
-            kiln::trace::ActiveScope scope(&tr);
-            std::vector<Tensor> in;
-            for (const Tensor& a : xs) in.push_back(tr.input(a));
-            const std::vector<Tensor> outs = body(in);
-            kiln::ir::Graph g = tr.graph();
-            for (const Tensor& o : outs) g.outputs.push_back(tr.node_of(o));
-            opt = kiln::passes::run_pipeline(g, {});
-        }
+        const kiln::ir::Graph opt = traced_graph(xs, body);
         const kiln::fuse::Plan plan = kiln::fuse::plan(opt, {.max_inputs = limit, .max_nodes = 1000});
         int widest = 0;
         for (const auto& G : plan.groups) widest = std::max(widest, static_cast<int>(G.leaves.size()));
