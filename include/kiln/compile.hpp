@@ -217,7 +217,7 @@ struct Segment {
 /// otherwise (the dim is sliced, merged, split or broadcast) it returns false.
 inline bool rederive_view(ir::Node& v, const Shape& from, const Shape& to) {
     if (from == to) return true;
-    if (from.rank() != to.rank()) return false;
+    if (from.rank() != to.rank() || from.numel() == 0 || to.numel() == 0) return false;  // empty: strides 0, nothing to walk
     const int r = from.rank();
     const Strides sf = contiguous_strides(from), st = contiguous_strides(to);
     // the offset as a start index per operand dim
