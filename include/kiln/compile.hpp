@@ -417,15 +417,22 @@ public:
         if (entries_.size() > capacity) entries_.pop_back();
         return made;
     }
-    std::size_t size() const {
-        std::lock_guard lock(mu_);
-        return entries_.size();
-    }
-
 private:
-    mutable std::mutex mu_;
+    std::mutex mu_;
     std::vector<std::pair<std::vector<Shape>, std::shared_ptr<const Instance>>> entries_;
 };
+
+/// A program's graph and plan with shapes re-derived for these inputs (dynamic programs).
+struct ShapedPlan {
+    ir::Graph g;
+    fuse::Plan p;
+};
+inline ShapedPlan shaped_plan(const ir::Graph& g, const fuse::Plan& p, const std::vector<Tensor>& in) {
+    ShapedPlan s{g, p};
+    infer_shapes(s.g, in);
+    refresh_row_spaces(s.g, s.p);
+    return s;
+}
 
 inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device);
 
@@ -489,18 +496,9 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
         auto cprog = std::make_shared<cuda::detail::CudaGraphProgram>(g, plan, device);
         if (!dynamic) return [cprog](const std::vector<Tensor>& in) { return cprog->run(in); };
         // the kernels are shape-generic; each input shape gets its graph and plan once
-        struct Shaped {
-            ir::Graph g;
-            fuse::Plan p;
-        };
-        auto shaped = std::make_shared<ShapeInstances<Shaped>>();
+        auto shaped = std::make_shared<ShapeInstances<ShapedPlan>>();
         return [cprog, shaped](const std::vector<Tensor>& in) {
-            const auto inst = shaped->get(in, [&] {
-                auto s = std::make_shared<Shaped>(Shaped{cprog->graph(), cprog->plan()});
-                infer_shapes(s->g, in);
-                refresh_row_spaces(s->g, s->p);
-                return s;
-            });
+            const auto inst = shaped->get(in, [&] { return std::make_shared<ShapedPlan>(shaped_plan(cprog->graph(), cprog->plan(), in)); });
             return cprog->run_graph(inst->g, inst->p, in);
         };
     }
@@ -511,11 +509,8 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
     auto shaped = std::make_shared<ShapeInstances<kiln::detail::CpuGraphProgram>>();
     return [prog, shaped](const std::vector<Tensor>& in) {
         const auto inst = shaped->get(in, [&] {
-            ir::Graph g2 = prog->graph();
-            infer_shapes(g2, in);
-            fuse::Plan p2 = prog->plan();
-            refresh_row_spaces(g2, p2);
-            return std::make_shared<kiln::detail::CpuGraphProgram>(std::move(g2), std::move(p2));
+            ShapedPlan s = shaped_plan(prog->graph(), prog->plan(), in);
+            return std::make_shared<kiln::detail::CpuGraphProgram>(std::move(s.g), std::move(s.p));
         });
         return inst->run(in);
     };

@@ -132,18 +132,20 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             return n.in.size() == 1 && g[n.in[0]].shape == G.space && n.mask == G.mask && compute_dtype(n.dtype) == G.ct;
         return false;
     };
-    // tensors row group G reads (with node extra as a member too, when >= 0)
-    auto row_reads = [&](const Group& G, int extra) {
+    // how many distinct tensors the nodes `members` read from outside (member(k): k is one of them)
+    auto outside_reads = [&](const std::vector<int>& members, auto&& member) {
         std::vector<int> reads;
-        auto add = [&](int j) {
+        for (int j : members)
             for (int k : g[j].in)
-                if (g[k].kind != Kind::scalar && k != extra && std::find(G.nodes.begin(), G.nodes.end(), k) == G.nodes.end() &&
-                    std::find(reads.begin(), reads.end(), k) == reads.end())
+                if (g[k].kind != Kind::scalar && !member(k) && std::find(reads.begin(), reads.end(), k) == reads.end())
                     reads.push_back(k);
-        };
-        for (int j : G.nodes) add(j);
-        if (extra >= 0) add(extra);
         return static_cast<int>(reads.size());
+    };
+    // tensors row group G reads with node extra as a member too
+    auto row_reads = [&](const Group& G, int extra) {
+        std::vector<int> members = G.nodes;
+        members.push_back(extra);
+        return outside_reads(members, [&](int k) { return std::find(members.begin(), members.end(), k) != members.end(); });
     };
     std::vector<char> closed;  // a group read by a later non-member takes no more members
     auto close_operands = [&](int i) {
@@ -205,16 +207,12 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
                 }
             };
             auto too_big = [&] {
-                std::vector<int> reads;
-                int count = 1;
-                for (int j = 0; j <= i; ++j) {
-                    if (j < i && !cand[sz(j)]) continue;
-                    count += j < i;
-                    for (int k : g[j].in)
-                        if (g[k].kind != Kind::scalar && (k >= i || !cand[sz(k)]) && std::find(reads.begin(), reads.end(), k) == reads.end())
-                            reads.push_back(k);
-                }
-                return static_cast<int>(reads.size()) > lim.max_inputs || count > lim.max_nodes;
+                std::vector<int> members;
+                for (int j = 0; j < i; ++j)
+                    if (cand[sz(j)]) members.push_back(j);
+                members.push_back(i);
+                return outside_reads(members, [&](int k) { return k == i || (k < i && cand[sz(k)]); }) > lim.max_inputs ||
+                       static_cast<int>(members.size()) > lim.max_nodes;
             };
             settle();
             while (too_big() && std::find(cand.begin(), cand.begin() + i, 1) != cand.begin() + i) {

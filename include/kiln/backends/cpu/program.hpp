@@ -107,13 +107,10 @@ inline Plan plan(const TileProgram& p) {
 /// Scratch tiles for the slots, shared by slots whose lives do not overlap (a chain of n ops
 /// needs a few tiles, not n, so the working set stays in L1). Slots marked external (leaves read
 /// in place, the result) get -1. Fill slots keep their tile for the whole run, since a run fills
-/// them once, not per tile.
-inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& external, int& buffers) {
+/// them once, not per tile (`filled` marks them).
+inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& external, const std::vector<char>& filled, int& buffers) {
     const std::size_t ns = pl.slots.size();
     std::vector<int> last_use(ns, -1), buf(ns, -1);
-    std::vector<char> filled(ns, 0);
-    for (const Step& st : pl.steps)
-        if (st.kind == Step::fill) filled[static_cast<std::size_t>(st.slot)] = 1;
     auto reads = [&](const Step& st, auto&& f) {
         if (st.kind == Step::convert) f(st.src);
         if (st.kind == Step::exec)
@@ -129,8 +126,8 @@ inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& 
         free_list.pop_back();
         return b;
     };
-    for (const Step& st : pl.steps)
-        if (st.kind == Step::fill) buf[static_cast<std::size_t>(st.slot)] = take();
+    for (std::size_t s = 0; s < ns; ++s)
+        if (filled[s]) buf[s] = take();
     for (std::size_t i = 0; i < pl.steps.size(); ++i) {
         const Step& st = pl.steps[i];
         const std::size_t d = static_cast<std::size_t>(st.slot);
@@ -169,7 +166,7 @@ public:
             }
         }
         external[static_cast<std::size_t>(pl_.result_slot)] = 1;
-        buffer_of_ = program_detail::assign_buffers(pl_, external, buffers_);
+        buffer_of_ = program_detail::assign_buffers(pl_, external, filled, buffers_);
         for (const Step& st : pl_.steps) {
             if (st.kind == Step::fill) continue;
             Exec e{st.kind, st.slot, st.src};
