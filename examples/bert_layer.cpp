@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     kiln::nn::to(loaded, dev);
 
     const kiln::Tensor x = kiln::randn({B, S, E}).to(dev);
-    auto eager = kiln::compile([&](const kiln::Tensor& t) { return loaded(t); }, {.backend = kiln::Backend::graph});
+    auto eager = kiln::compile([&](const kiln::Tensor& t) { return loaded(t); }, {.backend = kiln::Backend::eager});
     auto compiled = kiln::compile([&](const kiln::Tensor& t) { return loaded(t); });
     kiln::Tensor ye = eager(x), yc = compiled(x);
     const double te = example::median_ms([&] { ye = eager(x); }, dev);

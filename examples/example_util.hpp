@@ -7,22 +7,37 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 namespace example {
 
-/// `--cuda` on the command line (and a GPU present) runs on cuda:0; otherwise the CPU.
-inline kiln::Device device_from(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i)
-        if (std::strcmp(argv[i], "--cuda") == 0 && kiln::cuda::is_available()) return kiln::Device::cuda();
-    return kiln::Device::cpu();
-}
 inline bool flag(int argc, char** argv, const char* name) {
     for (int i = 1; i < argc; ++i)
         if (std::strcmp(argv[i], name) == 0) return true;
     return false;
+}
+
+/// cuda:0 with `--cuda` on the command line, else the CPU. `--cuda` without a usable GPU is an
+/// error (message on stderr, exit status 2), never a silent run on the CPU; so is an option other
+/// than the examples' two (`--cuda`, `--full`), a typo included.
+inline kiln::Device device_from(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "--cuda") != 0 && std::strcmp(argv[i], "--full") != 0) {
+            std::fprintf(stderr, "%s: unknown option '%s' (options: --cuda, --full)\n", argv[0], argv[i]);
+            std::exit(2);
+        }
+    if (!flag(argc, argv, "--cuda")) return kiln::Device::cpu();
+    try {
+        (void)kiln::cuda::properties(0);  // throws DeviceError saying why there is no cuda:0
+    } catch (const kiln::Error& e) {
+        std::fprintf(stderr, "%s: --cuda was given but no CUDA device can be used: %s\n", argc > 0 ? argv[0] : "example",
+                     e.what());
+        std::exit(2);
+    }
+    return kiln::Device::cuda();
 }
 
 /// Median wall time of fn in milliseconds over `reps` calls after one warm-up (waits for the GPU).

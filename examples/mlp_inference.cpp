@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
     const kiln::nn::Mlp mlp(d, hidden, d, {kiln::DType::f32, dev});
     const kiln::Tensor x = kiln::randn({batch, d}).to(dev);
 
-    auto eager = kiln::compile([&](const kiln::Tensor& t) { return mlp(t); }, {.backend = kiln::Backend::graph});
+    auto eager = kiln::compile([&](const kiln::Tensor& t) { return mlp(t); }, {.backend = kiln::Backend::eager});
     auto compiled = kiln::compile([&](const kiln::Tensor& t) { return mlp(t); });
     kiln::Tensor ye = eager(x), yc = compiled(x);
     const double te = example::median_ms([&] { ye = eager(x); }, dev);

@@ -7,7 +7,11 @@
 #include <cstdio>
 #include <iostream>
 
-int main() {
+int main(int argc, char** argv) {
+    if (argc > 1) {  // runs on the CPU only: an option such as --cuda must not be ignored silently
+        std::fprintf(stderr, "%s: takes no options (it runs on the CPU; the other examples take --cuda)\n", argv[0]);
+        return 2;
+    }
     using clock = std::chrono::steady_clock;
     kiln::manual_seed(0);
     const kiln::Tensor x = kiln::randn({1 << 20});

@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
     kiln::nn::ResNet18 net(1000, {kiln::DType::f32, dev});
     const kiln::Tensor x = kiln::randn({batch, 3, side, side}).to(dev);
 
-    auto eager = kiln::compile([&](const kiln::Tensor& t) { return net(t); }, {.backend = kiln::Backend::graph});
+    auto eager = kiln::compile([&](const kiln::Tensor& t) { return net(t); }, {.backend = kiln::Backend::eager});
     kiln::Tensor ye = eager(x);
     const double te = example::median_ms([&] { ye = eager(x); }, dev, 3);
 

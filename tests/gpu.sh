@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 export KILN_CACHE_DIR="$(mktemp -d)"
 status=0
 nvidia-smi -L || true
-for t in cuda_runtime cuda_nvrtc cuda_blas cuda_ops nn nn_io ops_sweep compile core expr errors; do
+for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics nn nn_io ops_sweep shape_ops compile compile_semantics core expr errors; do
   exe="$B/tests/kiln_test_$t"
   [ -x "$exe" ] || { echo "== $t: not built in $B, skipped"; continue; }
   echo "== $t"
@@ -24,13 +24,26 @@ if command -v compute-sanitizer > /dev/null; then
   # Memory kiln caches on purpose (allocator blocks, pinned staging, cuBLASLt workspaces) lives
   # until exit, so no --leak-check; the out-of-memory test provokes a failing cuMemAlloc on
   # purpose, which memcheck would count, so it is left out here (it runs above).
-  for t in cuda_runtime cuda_blas cuda_ops; do
+  for t in cuda_runtime cuda_blas cuda_ops cuda_semantics; do
     echo "== compute-sanitizer memcheck $t"
     compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/kiln_test_$t" -tce='*out of memory*' > "$OUT/memcheck_$t.log" 2>&1 || status=1
     grep -E "ERROR SUMMARY|test cases:" "$OUT/memcheck_$t.log" | tail -2
   done
 else
   echo "compute-sanitizer not found"
+fi
+if [ -x "$B/tests/kiln_test_fuzz" ]; then
+  # the differential fuzzer on the GPU: KILN_FUZZ_GRAPHS programs (default 2000) against the
+  # float64 interpreter, split over as many processes as there are cores
+  n=${KILN_FUZZ_GRAPHS:-2000}; p=$(nproc); per=$(( (n + p - 1) / p ))
+  echo "== fuzz on CUDA: $n programs in $p processes"
+  for i in $(seq 0 $((p - 1))); do
+    KILN_FUZZ_DEVICE=cuda KILN_FUZZ_SEED0=$((i * per)) KILN_FUZZ_GRAPHS=$per "$B/tests/kiln_test_fuzz" > "$OUT/fuzz_$i.log" 2>&1 &
+  done
+  wait || true
+  cat "$OUT"/fuzz_*.log > "$OUT/fuzz.log"; rm -f "$OUT"/fuzz_[0-9]*.log
+  grep -E "^fuzz|programs|test cases:" "$OUT/fuzz.log" | sort | uniq -c | head -20
+  grep -q "Status: FAILURE" "$OUT/fuzz.log" && status=1
 fi
 if [ -n "${KILN_TUNE:-}" ] && [ -x "$B/bench/kiln_bench" ]; then
   # launch-shape sweep (KILN_TUNE=1): the GPU rows under each setting, compiled method only

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <source_location>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -350,6 +351,45 @@ TEST_CASE("Shape::str formats like a Python tuple; contiguous strides") {
     CHECK(t.stride(0) == 12);
     CHECK(kiln::is_contiguous({3, 1, 4}, {4, 99, 1}));  // size-1 dims do not matter
     CHECK_FALSE(kiln::is_contiguous({3, 4}, {1, 3}));
+}
+
+TEST_CASE("shape size limits: element count, byte count and strides must fit in int64, with no overflow on the way") {
+    const auto here = std::source_location::current();
+    auto accepts = [&](const Shape& s, std::size_t element_size) {
+        try {
+            kiln::detail::check_shape(s, element_size, "test", here);
+            return true;
+        } catch (const kiln::ShapeError&) {
+            return false;
+        }
+    };
+    const std::int64_t g = std::int64_t{1} << 31, big = std::int64_t{1} << 40;
+    CHECK(accepts({g, g}, 1));               // 2^62 one-byte elements fit
+    CHECK_FALSE(accepts({g, g}, 2));         // 2^63 bytes do not
+    CHECK(accepts({g, g / 2}, 2));           // 2^62 bytes do
+    CHECK_FALSE(accepts({2 * g, g}, 1));     // 2^63 elements do not
+    CHECK(accepts({big, 1 << 20, 0}, 4));    // zero elements, strides up to 2^60
+    CHECK_FALSE(accepts({big, big, 0}, 4));  // zero elements, but its first stride would be 2^80
+    CHECK_FALSE(accepts({3, -1}, 4));
+    CHECK(accepts({}, 8));
+    CHECK(accepts({0}, 8));
+    CHECK(accepts({std::numeric_limits<std::int64_t>::max()}, 1));
+    CHECK_FALSE(accepts({std::numeric_limits<std::int64_t>::max()}, 2));
+    // Shape::numel of a shape no check has seen: ShapeError, not a wrapped count
+    CHECK(Shape{g, g}.numel() == std::int64_t{1} << 62);
+    CHECK_THROWS_AS((void)Shape({big, big}).numel(), kiln::ShapeError);
+    CHECK(Shape({big, big, 0}).numel() == 0);
+    CHECK(Shape({0, big, big}).numel() == 0);
+    // strides of the largest shapes
+    CHECK(kiln::contiguous_strides({g, g}).str() == "(2147483648, 1)");
+    CHECK(kiln::contiguous_strides({2, g, g}).str() == "(4611686018427387904, 2147483648, 1)");
+    // a view of an existing tensor whose element count is near the limit (expand allocates nothing)
+    const Tensor one = kiln::ones({1, 1}, DType::boolean);
+    const Tensor wide = one.expand({g, g});
+    CHECK(wide.numel() == std::int64_t{1} << 62);
+    CHECK(wide.nbytes() == std::size_t{1} << 62);
+    CHECK(wide.strides().str() == "(0, 0)");
+    CHECK(wide.at<bool>({g - 1, g - 1}));
 }
 
 // ============================================================================ views

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -22,6 +24,10 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 namespace {
 
@@ -258,6 +264,190 @@ TEST_CASE("parallel_for covers [0, n) exactly once in at most num_threads ordere
                 for (const auto& [b, e] : chunks) CHECK(b < e);
             }
         }
+    }
+}
+
+// ============================================================================ more threads than CPUs
+
+namespace {
+
+/// Pins the calling thread to one of its CPUs (workers started afterwards inherit the mask) and
+/// restores its mask at the end of the scope. Declare it after a ThreadCountGuard, so the guard's
+/// restart of the pool comes after the mask is restored and the new workers run unpinned.
+class PinToOneCpu {
+public:
+    PinToOneCpu() {
+#if defined(__linux__)
+        CPU_ZERO(&saved_);
+        if (sched_getaffinity(0, sizeof saved_, &saved_) != 0) {
+            why_ = std::string("sched_getaffinity failed: ") + std::strerror(errno);
+            return;
+        }
+        allowed_ = CPU_COUNT(&saved_);
+        while (cpu_ < CPU_SETSIZE && !CPU_ISSET(cpu_, &saved_)) ++cpu_;
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu_, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0) {
+            why_ = std::string("sched_setaffinity to CPU ") + std::to_string(cpu_) + " failed: " + std::strerror(errno);
+            return;
+        }
+        pinned_ = true;
+#else
+        why_ = "thread affinity is only set on Linux";
+#endif
+    }
+    ~PinToOneCpu() {
+#if defined(__linux__)
+        if (pinned_) sched_setaffinity(0, sizeof saved_, &saved_);
+#endif
+    }
+    PinToOneCpu(const PinToOneCpu&) = delete;
+    PinToOneCpu& operator=(const PinToOneCpu&) = delete;
+
+    bool pinned() const { return pinned_; }
+    int cpu() const { return cpu_; }
+    int allowed_before() const { return allowed_; }  ///< CPUs the thread could use before (0: unknown)
+    const std::string& why_not() const { return why_; }
+
+private:
+#if defined(__linux__)
+    cpu_set_t saved_;
+#endif
+    bool pinned_ = false;
+    int cpu_ = 0, allowed_ = 0;
+    std::string why_;
+};
+
+/// CPUs in the calling thread's affinity mask, or 0 where it cannot be read.
+int affinity_cpus() {
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+    return 0;
+}
+
+/// Restores (or removes) an environment variable at the end of the scope.
+class EnvGuard {
+public:
+    explicit EnvGuard(const char* name) : name_(name) {
+        if (const char* v = std::getenv(name)) saved_ = v;
+    }
+    ~EnvGuard() {
+        if (saved_) setenv(name_, saved_->c_str(), 1);
+        else unsetenv(name_);
+    }
+    EnvGuard(const EnvGuard&) = delete;
+    EnvGuard& operator=(const EnvGuard&) = delete;
+
+private:
+    const char* name_;
+    std::optional<std::string> saved_;
+};
+
+}  // namespace
+
+TEST_CASE("by default kiln uses as many threads as the CPUs the process may run on") {
+    ThreadCountGuard guard;
+    const int cpus = affinity_cpus();
+    if (cpus == 0) {
+        MESSAGE("sched_getaffinity is not available: only the KILN_NUM_THREADS override is checked");
+    } else {
+        INFO(cpus << " CPUs in the affinity mask, std::thread::hardware_concurrency() = "
+                  << std::thread::hardware_concurrency());
+        CHECK(kiln::detail::available_cpus() == cpus);
+        if (const char* env = std::getenv("KILN_NUM_THREADS"); env && std::atoi(env) > 0) {
+            MESSAGE("KILN_NUM_THREADS=" << env << " is set: the pool's size is checked against it");
+            CHECK(kiln::num_threads() == std::atoi(env));
+        } else {
+            // the pool was made with the default size; every test restores a count it changes
+            CHECK(kiln::num_threads() == cpus);
+            CHECK(kiln::detail::default_thread_count() == cpus);
+        }
+    }
+    {
+        EnvGuard env("KILN_NUM_THREADS");
+        setenv("KILN_NUM_THREADS", "3", 1);
+        CHECK(kiln::detail::default_thread_count() == 3);
+        setenv("KILN_NUM_THREADS", "0", 1);  // not a thread count: ignored
+        CHECK(kiln::detail::default_thread_count() == kiln::detail::available_cpus());
+        unsetenv("KILN_NUM_THREADS");
+        PinToOneCpu pin;  // a narrower mask (taskset -c 0) means fewer threads
+        if (pin.pinned()) {
+            CHECK(kiln::detail::available_cpus() == 1);
+            CHECK(kiln::detail::default_thread_count() == 1);
+            kiln::detail::ThreadPool fresh(kiln::detail::default_thread_count());
+            CHECK(fresh.num_threads() == 1);
+        } else {
+            MESSAGE("could not pin to one CPU (" << pin.why_not() << "): the narrower mask is not checked");
+        }
+    }
+    kiln::set_num_threads(5);  // set_num_threads still overrides the default
+    CHECK(kiln::num_threads() == 5);
+    if (cpus > 0) CHECK(pool().oversubscribed() == (5 > cpus));
+    kiln::set_num_threads(1);
+    CHECK_FALSE(pool().oversubscribed());
+}
+
+TEST_CASE("with 4 threads pinned to one CPU, every job completes with every task run once and results right") {
+    Watchdog dog("4 threads on one CPU", std::chrono::seconds(120));
+    ThreadCountGuard guard;
+    kiln::set_num_threads(1);  // expected values, computed before pinning
+    const Tensor x = random_tensor({257, 1031});
+    const Tensor expect_y = x * 2.0 + 1.0;
+    const Tensor expect_rows = kiln::sum(x * x, 1);
+
+    PinToOneCpu pin;
+    if (!pin.pinned())
+        MESSAGE("could not pin to one CPU (" << pin.why_not() << "): the checks run on the CPUs the process has");
+    else if (pin.allowed_before() == 1)
+        MESSAGE("the process could already use only one CPU: it is oversubscribed with any thread count above 1");
+    kiln::set_num_threads(4);  // the workers start now, with the calling thread's (one-CPU) mask
+    REQUIRE(kiln::num_threads() == 4);
+    if (pin.pinned()) CHECK(pool().oversubscribed());  // so waiting threads yield their core
+#if defined(__linux__)
+    if (pin.pinned()) {  // the oversubscription is real: every task runs on the one CPU
+        std::atomic<int> elsewhere{0};
+        pool().run(64, [&](std::int64_t) { elsewhere += sched_getcpu() != pin.cpu(); });
+        CHECK(elsewhere.load() == 0);
+    }
+#endif
+
+    // ~200 small back-to-back jobs, each waiting on workers that share the caller's CPU
+    for (int rep = 0; rep < 200; ++rep) {
+        const std::int64_t n = 1000 + rep * 37;
+        std::vector<std::atomic<std::uint8_t>> hits(static_cast<std::size_t>(n));
+        std::atomic<int> chunks{0};
+        kiln::detail::parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
+            for (std::int64_t i = b; i < e; ++i) hits[static_cast<std::size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+            chunks.fetch_add(1);
+        });
+        std::int64_t wrong = 0;
+        for (auto& h : hits) wrong += h.load() != 1;
+        REQUIRE_MESSAGE(wrong == 0, "job " << rep << ": " << wrong << " of " << n << " indices not covered exactly once");
+        REQUIRE(chunks.load() == 4);
+    }
+    for (int rep = 0; rep < 50; ++rep) check_each_task_once(rep % 13 + 2);
+    // workers that went to sleep (longer than they spin) still wake for the next job
+    for (int rep = 0; rep < 5; ++rep) {
+        std::this_thread::sleep_for(kiln::detail::ThreadPool::spin_time * 2);
+        check_each_task_once(9);
+    }
+    // an exception still reaches the caller
+    CHECK_THROWS_AS(pool().run(16, [](std::int64_t t) {
+                        if (t == 11) throw TaskError(t);
+                    }),
+                    TaskError);
+    // kernels: elementwise results bitwise equal to one thread's, reductions within rounding
+    for (int rep = 0; rep < 20; ++rep) {
+        const Tensor y = x * 2.0 + 1.0;
+        REQUIRE(bitwise_equal(y, expect_y));
+        const Tensor rows = kiln::sum(x * x, 1);
+        REQUIRE(rows.shape() == expect_rows.shape());
+        const double diff = kiln::max(kiln::abs(rows - expect_rows) / expect_rows).item<double>();
+        REQUIRE(diff < 1e-6);
     }
 }
 

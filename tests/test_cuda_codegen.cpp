@@ -56,6 +56,16 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                 }
                 add(cuda::detail::elementwise_kernel(g, G, sig));
             }
+            if (G.outputs.size() == 1) {  // written into a strided view
+                cuda::detail::EwSignature sig;
+                sig.rank = 2;
+                sig.out_strided = true;
+                for (std::size_t k = 0; k < nl; ++k) {
+                    sig.leaves.push_back(k % 2 ? Access::strided : Access::contig);
+                    sig.leaf_dtypes.push_back(g[G.leaves[k]].dtype);
+                }
+                add(cuda::detail::elementwise_kernel(g, G, sig));
+            }
         } else if (G.kind == fuse::Group::Kind::row) {
             for (int variant = 0; variant < 3; ++variant) {
                 cuda::detail::RowSignature sig;
@@ -184,6 +194,27 @@ TEST_CASE("row kernels (softmax, log_softmax, layer_norm, logsumexp, column sums
     CHECK(compile_all(src) == src.size());
 }
 
+TEST_CASE("kernels with several outputs, reductions to a scalar and work after them compile in every float dtype") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    int multi = 0;
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+        auto [g, p] = trace_plan({zeros({16, 8}, dt), zeros({8}, dt)}, [&](auto& in) {
+            const Tensor d = Tensor(kiln::log(in[0] * in[0] + 1) / (in[1] + 2));  // shared by both outputs
+            std::vector<Tensor> outs{Tensor(d * 2 - in[1]), Tensor(kiln::exp(-d) + in[0]), kiln::mean(in[0])};
+            outs.push_back(Tensor(kiln::tan(kiln::min(in[0]))));
+            outs.push_back(Tensor(kiln::max(in[0], 0) * 2));
+            outs.push_back(Tensor(kiln::sum(in[0], kiln::Axes{}, true) - in[0].slice(0, 0, 1)));
+            return outs;
+        });
+        for (const auto& G : p.groups) multi += G.outputs.size() > 1 ? 1 : 0;
+        auto s = sources_for(g, p);
+        src.insert(src.end(), s.begin(), s.end());
+    }
+    CHECK(multi == 4);
+    CHECK(compile_all(src) == src.size());
+}
+
 TEST_CASE("reduce kernels: every reduction and arg-reduction over every dtype, whole and split") {
     TempCache tc;
     std::vector<cache::KernelSource> src;
@@ -230,6 +261,23 @@ TEST_CASE("a broken kernel surfaces as CompileError with the NVRTC log and the s
         CHECK(m.find("undefined_thing") != std::string::npos);
         CHECK(m.find(".cu") != std::string::npos);
     }
+}
+
+TEST_CASE("gather / scatter / scatter_add kernels compile for every mode, dtype, index dtype, rank and dim") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    using cuda::detail::IndexMode;
+    for (IndexMode m : {IndexMode::gather, IndexMode::scatter, IndexMode::scatter_value, IndexMode::scatter_add})
+        for (DType dt : all_dtypes) {
+            if (m == IndexMode::scatter_add && !cuda::detail::has_atomic_add(dt)) continue;  // those run on the host
+            for (DType it : {DType::i32, DType::i64})
+                for (auto [rank, dim] : {std::pair{1, 0}, std::pair{3, 0}, std::pair{3, 2}}) {
+                    const cuda::detail::KernelText k = cuda::detail::index_kernel({m, dt, it, rank, dim});
+                    src.push_back({k.source, k.name, {}});
+                }
+        }
+    CHECK(src.size() == 150);
+    CHECK(compile_all(src, {90}) == src.size());
 }
 
 #else

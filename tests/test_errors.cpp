@@ -274,3 +274,134 @@ TEST_CASE("after many errors of every kind the library still computes correctly"
     for (std::int64_t f = 0; f < y.numel(); f += 97) CHECK(y.item<float>(f) == a.item<float>(f) * 3.0f - 1.0f);
     check_still_works();
 }
+
+TEST_CASE("shapes whose element count, byte count or strides overflow int64: ShapeError naming the factory or view") {
+    const std::int64_t big = std::int64_t{1} << 40, huge = std::int64_t{1} << 61;
+    const char* bigbig = "(1099511627776, 1099511627776)";
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::empty({big, big}), "kiln::empty:", bigbig, "element count overflows int64");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::empty({big, big}, kiln::Device::cuda()), "kiln::empty:", bigbig);
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)Tensor(Shape{big, big}, DType::f32), "kiln::empty:", bigbig);
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::zeros({big, big}), "kiln::zeros:", bigbig);
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::ones({2, big, big}, DType::i32), "kiln::ones:", "(2, 1099511627776, 1099511627776)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::full({big, big}, 1.5), "kiln::full:", bigbig);
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::rand({big, big}), "kiln::rand:", bigbig);
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::randn({big, big}, DType::f64), "kiln::randn:", bigbig);
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::randint(0, 9, {big, big}), "kiln::randint:", bigbig);
+    // elements that fit, bytes that do not: 2^61 float64 are 2^64 bytes
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::empty({huge}, DType::f64), "kiln::empty:", "(2305843009213693952,)", "8 bytes");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::zeros({huge, 4}, DType::boolean), "kiln::zeros:", "overflows int64");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::linspace(0, 1, huge, DType::f64), "kiln::linspace:", "8 bytes");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::arange(0, 1e30, 1), "kiln::arange:", "int64");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::arange(-1e308, 1e308, 1), "kiln::arange:", "int64");
+    // a zero dim does not hide the overflow of the others (their strides would not fit)
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::empty({big, big, 0}), "kiln::empty:", "(1099511627776, 1099511627776, 0)", "nonzero dims");
+
+    // a failed random factory leaves the generator where it was
+    kiln::manual_seed(7);
+    CHECK_THROWS_AS((void)kiln::randn({big, big}), kiln::ShapeError);
+    const Tensor after = kiln::randn({5});
+    kiln::manual_seed(7);
+    const Tensor fresh = kiln::randn({5});
+    for (std::int64_t i = 0; i < 5; ++i) CHECK(after.item<float>(i) == fresh.item<float>(i));
+
+    // views: view/reshape with a product that overflows, expand to too many elements or bytes
+    const Tensor x = kiln::randn({3, 4});
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)x.view({big, big}), "kiln::view:", bigbig, "overflows int64");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)x.reshape({-1, big, big}), "kiln::reshape:", "(-1, 1099511627776, 1099511627776)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)x.reshape({big, big, 12}), "kiln::reshape:", "overflows int64");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::zeros({0}).view({0, big, big}), "kiln::view:", "(0, 1099511627776, 1099511627776)", "nonzero dims");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::ones({1, 1}).expand({big, big}), "kiln::expand:", bigbig);
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::ones({1}, DType::f64).expand({huge}), "kiln::expand:", "8 bytes");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)x.unsqueeze(0).expand({huge, -1, -1}), "kiln::expand:", "(2305843009213693952, 3, 4)");
+    // an expression whose broadcast shape overflows is a ShapeError too (not a wrapped count)
+    CHECK_THROWS_AS(Tensor(kiln::ones({1, 1}).expand({big, 1}) + kiln::ones({1, 1}).expand({1, big})), kiln::ShapeError);
+    check_still_works();
+}
+
+TEST_CASE("composites name themselves and the caller's line, not the ops they decompose into") {
+    const Tensor x = kiln::randn({2, 3});
+    const Tensor i = kiln::arange(1, 7, 1, DType::i32).view({2, 3});
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::softmax(x, -3), "kiln::softmax:", "axis -3", "rank 2");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::softmax(x * 2.0, 2), "kiln::softmax:", "axis 2");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::log_softmax(x, 5), "kiln::log_softmax:", "axis 5");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::logsumexp(x, {0, 4}), "kiln::logsumexp:", "axis 4");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::var(x, 3), "kiln::var:", "axis 3");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::std(x, -4), "kiln::std:", "axis -4");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::mean(x, {1, 1}), "kiln::mean:", "twice");
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::var(i), "kiln::var:", "int32");
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::std(i, 1), "kiln::std:", "int32");
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::layer_norm(i), "kiln::layer_norm:", "int32");
+    // the user's own faulty expression inside a composite still names the faulty op
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::log_softmax(x + kiln::randn({4})), "kiln::add:", "(2, 3)", "(4,)");
+    // after an error the scope is gone: a plain reduction names itself again
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::max(x, 3), "kiln::max:", "axis 3");
+    check_still_works();
+}
+
+TEST_CASE("new composites: triu, tril, masked_fill, one_hot, rms_norm") {
+    const Tensor x = kiln::randn({2, 3});
+    const Tensor v = kiln::randn({3});
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::triu(v), "kiln::triu:", "(3,)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::tril(v * 2.0, 1), "kiln::tril:", "(3,)");
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::masked_fill(x, v, 0.0), "kiln::masked_fill:", "bool", "float32");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::masked_fill(x, kiln::ones({2}, DType::boolean), 0.0), "kiln::masked_fill:", "(2,)", "(2, 3)");
+    const Tensor cls = kiln::arange(0, 4, 1, DType::i64);
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::one_hot(cls, 3), "kiln::one_hot:", "class index 3", "num_classes 3");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::one_hot(Tensor(cls - 2)), "kiln::one_hot:", "-2", "negative");
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::one_hot(x), "kiln::one_hot:", "float32");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::one_hot(kiln::zeros({0}, DType::i64)), "kiln::one_hot:", "empty");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::rms_norm(x, {2}), "kiln::rms_norm:", "(2,)", "(2, 3)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::rms_norm(x, {3}, kiln::ones({2})), "kiln::rms_norm:", "weight", "(2,)");
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::rms_norm(kiln::ones({2, 3}, DType::i64), {3}), "kiln::rms_norm:", "int64");
+    check_still_works();
+}
+
+TEST_CASE("movement ops: cat, stack, split, chunk, pad, roll") {
+    const Tensor a = kiln::randn({2, 3}), b = kiln::randn({2, 4});
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::cat({a, b}, 0), "kiln::cat:", "(2, 3)", "(2, 4)");
+    CHECK(kiln::cat({a, b}, 1).shape().str() == "(2, 7)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::cat({a, b}, 2), "kiln::cat:", "axis 2");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::cat({}), "kiln::cat:", "non-empty");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::cat({a, kiln::full({}, 1.0)}), "kiln::cat:", "0-dim", "position 1");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::cat({a, kiln::randn({2, 3, 1})}), "kiln::cat:", "(2, 3, 1)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::stack({a, b}), "kiln::stack:", "(2, 3)", "(2, 4)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::stack({a, a}, 3), "kiln::stack:", "axis 3");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::split(a, std::vector<std::int64_t>{1, 1}, 1), "kiln::split:", "add up to 2", "size 3");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::split(a, 0, 1), "kiln::split:", "positive");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::chunk(a, 0), "kiln::chunk:", "positive");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::pad(a, {1, 1, 1}), "kiln::pad:", "3 values");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::pad(a, {1, 1, 1, 1, 1, 1}), "kiln::pad:", "(2, 3)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::pad(a, {-2, -2}), "kiln::pad:", "negative size");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::roll(a, {1, 2}, {0}), "kiln::roll:", "2 shifts", "1 dims");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::roll(a, 1, 5), "kiln::roll:", "axis 5");
+    check_still_works();
+}
+
+TEST_CASE("gather, scatter, scatter_add, take_along_dim: index values, shapes and dtypes") {
+    const Tensor x = kiln::randn({3, 5});
+    const Tensor idx = kiln::arange(0, 6, 1, DType::i64).view({2, 3});
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::gather(x, 1, idx), "kiln::gather:", "index 5", "dim 1", "size 5");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::gather(x, 0, Tensor(idx - 3)), "kiln::gather:", "index -3", "dim 0");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::gather(x, 0, kiln::zeros({4}, DType::i64)), "kiln::gather:", "(4,)", "(3, 5)");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::gather(x, 0, kiln::zeros({1, 6}, DType::i64)), "kiln::gather:", "(1, 6)", "dim 1");
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::gather(x, 0, kiln::zeros({1, 1})), "kiln::gather:", "float32");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::gather(x, 2, idx), "kiln::gather:", "axis 2");
+    const Tensor small = kiln::zeros({2, 3}, DType::i64);
+    EXPECT_KILN_ERROR(kiln::DTypeError, (void)kiln::scatter(x, 0, small, kiln::ones({2, 3}, DType::f64)), "kiln::scatter:", "float64", "float32");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::scatter(x, 0, small, kiln::ones({2, 2})), "kiln::scatter:", "src", "(2, 2)");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::scatter(x, 0, Tensor(small + 3), 1.0), "kiln::scatter:", "index 3", "size 3");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::scatter_add(x, 1, Tensor(small - 1), kiln::ones({2, 3})), "kiln::scatter_add:", "index -1");
+    EXPECT_KILN_ERROR(kiln::ShapeError, (void)kiln::take_along_dim(x, kiln::zeros({3}, DType::i64), 1), "kiln::take_along_dim:", "rank");
+    EXPECT_KILN_ERROR(kiln::ValueError, (void)kiln::take_along_dim(x, kiln::full({1}, 15, DType::i64)), "kiln::take_along_dim:", "index 15", "size 15");
+    check_still_works();
+}
+
+TEST_CASE("integer remainder, fmod and floor_divide by zero give 0 instead of trapping") {
+    const Tensor a = kiln::arange(-3, 4, 1, DType::i32), z = kiln::zeros({7}, DType::i32);
+    for (const Tensor& r : {Tensor(a % z), Tensor(kiln::fmod(a, z)), Tensor(kiln::floor_divide(a, 0)), kiln::eager(a % 0)})
+        for (std::int64_t k = 0; k < 7; ++k) CHECK(r.item<std::int32_t>(k) == 0);
+    // and bool operands are a DTypeError naming the op
+    const Tensor t = kiln::ones({2}, DType::boolean);
+    EXPECT_KILN_ERROR(kiln::DTypeError, Tensor r = t % t, "kiln::remainder:", "bool");
+    EXPECT_KILN_ERROR(kiln::DTypeError, Tensor r = kiln::floor_divide(t, t), "kiln::floor_divide:", "bool");
+}

@@ -6,25 +6,15 @@
 #include <kiln/kiln.hpp>
 #include <numeric>
 
+#include "test_util.hpp"
+
 namespace {
 
 using kiln::DType;
 using kiln::Shape;
 using kiln::Tensor;
 
-double maxdiff(const Tensor& a, const Tensor& b) {
-    REQUIRE(a.shape() == b.shape());
-    double m = 0;
-    for (std::int64_t i = 0; i < a.numel(); ++i) {
-        const double x = a.item<double>(i), y = b.item<double>(i);
-        if (std::isnan(x) || std::isnan(y)) {
-            if (std::isnan(x) != std::isnan(y)) return INFINITY;
-            continue;
-        }
-        m = std::max(m, std::fabs(x - y) / std::max(1.0, std::fabs(y)));
-    }
-    return m;
-}
+using kiln_test::maxdiff;
 
 std::size_t allocations() { return kiln::host_allocator_stats().allocations; }
 

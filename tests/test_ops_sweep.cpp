@@ -5,6 +5,7 @@
 #include <cmath>
 #include <kiln/kiln.hpp>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace {
@@ -46,19 +47,22 @@ struct Range {
     bool nonzero = false;  // keep |x| >= lo by drawing a random sign over [lo, hi]
 };
 
+/// Ops whose second operand is a divisor (kept away from zero; zero divisors have their own tests).
+bool is_division(std::string_view n) { return n == "div" || n == "remainder" || n == "fmod" || n == "floor_divide"; }
+
 /// The input range op Op wants for operand k, for float or integer dtypes.
 template <class Op>
 Range range_for(int k, bool integral) {
     const std::string_view n = Op::name;
     if (integral) {
         if (n == "pow") return k == 0 ? Range{-3, 3} : Range{0, 5};
-        if (n == "div" && k == 1) return {1, 6, true};
+        if (is_division(n) && k == 1) return {1, 6, true};
         if (n == "log" || n == "sqrt" || n == "rsqrt" || n == "log1p" || n == "reciprocal") return {1, 20};
         return {-10, 10};
     }
     if (n == "log" || n == "sqrt" || n == "rsqrt") return {0.05, 20};
     if (n == "log1p") return {-0.9, 20};
-    if (n == "reciprocal" || (n == "div" && k == 1)) return {0.25, 4, true};
+    if (n == "reciprocal" || (is_division(n) && k == 1)) return {0.25, 4, true};
     if (n == "pow") return k == 0 ? Range{0.1, 4} : Range{-3, 3};
     if (n == "exp" || n == "expm1") return {-20, 20};
     if (n == "sin" || n == "cos") return {-7, 7};
@@ -127,9 +131,44 @@ bool close(double actual, double expected, DType out, double scale) {
     return std::fabs(actual - expected) <= tol;
 }
 
+/// References written without the op table for the ops whose table entry is the only other spelling
+/// of their semantics: Python's % and // (through the IEEE remainder and an exact floor search) and
+/// C's fmod. Empty for every other op.
+std::optional<double> independent_reference(std::string_view n, bool int_ct, double a, double b) {
+    if (n != "remainder" && n != "fmod" && n != "floor_divide") return std::nullopt;
+    if (int_ct) {
+        const auto x = static_cast<std::int64_t>(a), y = static_cast<std::int64_t>(b);
+        if (y == 0) return 0.0;  // kiln's documented choice for integer division by zero
+        const std::int64_t py_mod = ((x % y) + y) % y;  // Python's x % y
+        if (n == "fmod") return static_cast<double>(x % y);
+        if (n == "remainder") return static_cast<double>(py_mod);
+        return static_cast<double>((x - py_mod) / y);
+    }
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (n == "fmod") return std::fmod(a, b);
+    if (n == "remainder") {
+        double r = std::remainder(a, b);  // a - nearest(a / b) * b, exact
+        if (r != 0 && std::signbit(r) != std::signbit(b)) r += b;
+        return r;
+    }
+    // floor_divide: the floor of the exact quotient, as Python's float //
+    if (std::isnan(a) || std::isnan(b)) return nan;
+    if (b == 0) return a / b;
+    if (std::isinf(a)) return nan;
+    if (std::isinf(b)) return (a == 0 || std::signbit(a) == std::signbit(b)) ? 0.0 : -1.0;
+    long double f = std::floor(static_cast<long double>(a) / b);
+    // f is the largest integer with f * b <= a (b > 0) or f * b >= a (b < 0); the products are exact here
+    auto fits = [&](long double k) { return b > 0 ? k * b <= a : k * b >= a; };
+    while (!fits(f)) f -= 1;
+    while (fits(f + 1)) f += 1;
+    return static_cast<double>(f);
+}
+
 /// Float64 (or int64) reference for one element of Op over the given operand values.
 template <class Op>
 double reference(const expr::Info& info, DType attr, const double* v) {
+    if constexpr (Op::arity == 2)
+        if (auto r = independent_reference(Op::name, !info.agnostic && is_integral(info.ct), v[0], v[1])) return *r;
     auto run = [&](auto zero) {
         using R = decltype(zero);
         R x[3];
@@ -286,5 +325,76 @@ TEST_CASE("large operands run on several threads and agree with the single-op ke
     for (std::int64_t i = 0; i < fused.numel(); i += 7) {
         const double a = fused.item<double>(i), b = eag.item<double>(i);
         REQUIRE(std::fabs(a - b) <= 1e-6 * std::max(1.0, std::fabs(b)));
+    }
+}
+
+TEST_CASE("remainder, fmod and floor_divide: Python's and C's values, hard cases, integer edge cases") {
+    // (a, b, a % b as Python, fmod, a // b as Python): signs of both operands, and floats whose
+    // quotient rounds up to an integer (1 / 0.1 is 10.000000000000000555 rounded, 9.99... exactly)
+    struct Row { double a, b, rem, fm, fdiv; };
+    const Row rows[] = {{7, 3, 1, 1, 2},       {-7, 3, 2, -1, -3},   {7, -3, -2, 1, -3},  {-7, -3, -1, -1, 2},
+                        {6, 3, 0, 0, 2},       {-6, 3, 0, -0.0, -2}, {5.5, 2, 1.5, 1.5, 2}, {-5.5, 2, 0.5, -1.5, -3},
+                        {1.0, 0.1, 0.09999999999999995, 0.09999999999999995, 9}};
+    for (DType dt : {DType::f64, DType::f32, DType::i64, DType::i32}) {
+        for (const Row& r : rows) {
+            const bool integral = !is_floating(dt);
+            if (integral && (r.a != std::floor(r.a) || r.b != std::floor(r.b))) continue;
+            if (dt == DType::f32 && r.b == 0.1) continue;  // the value is a float64 one
+            INFO(dtype_name(dt) << " " << r.a << " and " << r.b);
+            const Tensor a = full({3}, r.a, dt), b = full({3}, r.b, dt);
+            const Tensor rem = a % b, fm = kiln::fmod(a, b), fd = kiln::floor_divide(a, b);
+            CHECK(rem.dtype() == dt);
+            CHECK(rem.item<double>(1) == r.rem);
+            CHECK(fm.item<double>(1) == r.fm);
+            CHECK(fd.item<double>(1) == r.fdiv);
+            CHECK(eager(kiln::floor_divide(a, b)).item<double>(2) == r.fdiv);
+        }
+    }
+    // Python-scalar promotion: an int tensor % a float is float; % an int stays int32
+    const Tensor i = arange(-4, 5, 1, DType::i32);
+    CHECK(Tensor(i % 3).dtype() == DType::i32);
+    CHECK(Tensor(i % 2.5).dtype() == DType::f32);
+    CHECK(Tensor(i % 2.5).item<double>(0) == 1.0);  // -4 % 2.5 = 1.0 in Python
+    CHECK(Tensor(kiln::floor_divide(-7.0, full({1}, 2.0))).item<double>(0) == -4);
+    // integer division by zero is 0 (torch raises), INT_MIN by -1 wraps (never traps)
+    const std::int64_t lo = std::numeric_limits<std::int64_t>::min();
+    const Tensor m = full({2}, lo, DType::i64);
+    CHECK(Tensor(kiln::floor_divide(m, -1)).item<std::int64_t>(0) == lo);
+    CHECK(Tensor(m % -1).item<std::int64_t>(1) == 0);
+    CHECK(Tensor(kiln::fmod(m, full({2}, -1, DType::i64))).item<std::int64_t>(0) == 0);
+    const Tensor i32min = full({2}, std::numeric_limits<std::int32_t>::min(), DType::i32);
+    CHECK(eager(kiln::floor_divide(i32min, -1)).item<std::int32_t>(0) == std::numeric_limits<std::int32_t>::min());
+    const Tensor z = zeros({9}, DType::i32);
+    for (std::int64_t k = 0; k < 9; ++k) {
+        CHECK(Tensor(i % z).item<std::int32_t>(k) == 0);
+        CHECK(Tensor(kiln::floor_divide(i, z)).item<std::int32_t>(k) == 0);
+        CHECK(eager(kiln::fmod(i, z)).item<std::int32_t>(k) == 0);
+    }
+    // floats by zero: IEEE (inf with the quotient's sign, or nan), as torch
+    const Tensor f = Tensor(kiln::floor_divide(full({1}, -3.0), 0.0));
+    CHECK(f.item<double>(0) == -INFINITY);
+    CHECK(std::isnan(Tensor(full({1}, 3.0) % 0.0).item<double>(0)));
+}
+
+TEST_CASE("on CUDA: remainder, fmod and floor_divide by zero and INT_MIN / -1 match the CPU") {
+    if (!cuda::is_available()) {
+        MESSAGE("no CUDA device: skipped");
+        return;
+    }
+    const Tensor a = Tensor(arange(-20, 20, 1, DType::i64) * 7919), b = Tensor(arange(-20, 20, 1, DType::i64) % 7);
+    const Tensor da = a.cuda(), db = b.cuda();
+    for (int op = 0; op < 3; ++op) {
+        const Tensor cpu = op == 0 ? Tensor(a % b) : op == 1 ? Tensor(kiln::fmod(a, b)) : Tensor(kiln::floor_divide(a, b));
+        const Tensor gpu = (op == 0 ? Tensor(da % db) : op == 1 ? Tensor(kiln::fmod(da, db)) : Tensor(kiln::floor_divide(da, db))).cpu();
+        for (std::int64_t k = 0; k < 40; ++k) CHECK(gpu.item<std::int64_t>(k) == cpu.item<std::int64_t>(k));
+    }
+    const std::int64_t lo = std::numeric_limits<std::int64_t>::min();
+    CHECK(Tensor(kiln::floor_divide(full({1}, lo, DType::i64).cuda(), -1)).item<std::int64_t>(0) == lo);
+    const Tensor x = Tensor(randn({1000}, DType::f64) * 10.0), y = Tensor(randn({1000}, DType::f64) * 3.0);
+    const Tensor fd = Tensor(kiln::floor_divide(x.cuda(), y.cuda())).cpu(), fr = Tensor(x.cuda() % y.cuda()).cpu();
+    const Tensor cd = kiln::floor_divide(x, y), cr = x % y;
+    for (std::int64_t k = 0; k < 1000; ++k) {
+        CHECK(fd.item<double>(k) == cd.item<double>(k));
+        CHECK(fr.item<double>(k) == cr.item<double>(k));
     }
 }

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <sstream>
 #include <string>
@@ -29,11 +31,14 @@
 namespace kiln {
 
 /// How a compiled function runs.
+/// The names follow torch.compile's backends: `eager` runs the captured graph one op per kernel,
+/// as kiln::eager(expr) runs an expression.
 enum class Backend : std::uint8_t {
-    eager,   ///< no capture: the function itself, one kernel per op (the baseline)
-    graph,   ///< captured and optimized, then run one op per kernel (no fusion)
+    none,    ///< no capture: the function runs as written (each fused statement as it comes)
+    eager,   ///< captured and optimized, then run one op per kernel, every intermediate materialized
     fused,   ///< captured, optimized and fused (the default)
     custom,  ///< Options::custom_backend turns the graph into an executable
+    graph = eager,  ///< the former name of `eager`
 };
 /// Whether dims may change without recompiling.
 enum class Dynamic : std::uint8_t {
@@ -136,6 +141,39 @@ template <class T> auto fields(T& a) {
 template <class T, std::size_t I>
 using field_t = std::remove_cvref_t<std::tuple_element_t<I, decltype(fields(std::declval<T&>()))>>;
 
+/// The type a compiled function returns for a result of type T: tensor expressions become
+/// Tensors (materialized), also inside tuples, pairs, vectors and arrays.
+template <class T> struct materialized { using type = T; };
+template <class T> requires IsExprNode<T>::value struct materialized<T> { using type = Tensor; };
+template <class... A> struct materialized<std::tuple<A...>> { using type = std::tuple<typename materialized<A>::type...>; };
+template <class A, class B> struct materialized<std::pair<A, B>> {
+    using type = std::pair<typename materialized<A>::type, typename materialized<B>::type>;
+};
+template <class T, class A> struct materialized<std::vector<T, A>> { using type = std::vector<typename materialized<T>::type>; };
+template <class T, std::size_t N> struct materialized<std::array<T, N>> { using type = std::array<typename materialized<T>::type, N>; };
+template <class T> using materialized_t = typename materialized<std::remove_cvref_t<T>>::type;
+
+/// v with every tensor expression in it evaluated (a Tensor), as materialized_t describes.
+template <class T> materialized_t<T> materialize_result(T&& v) {
+    using D = std::remove_cvref_t<T>;
+    if constexpr (std::is_same_v<materialized_t<T>, D>) {
+        return std::forward<T>(v);
+    } else if constexpr (IsExprNode<D>::value) {
+        return Tensor(v);
+    } else if constexpr (is_vector<D>::value) {
+        materialized_t<T> out;
+        out.reserve(v.size());
+        for (const auto& x : v) out.push_back(materialize_result(x));
+        return out;
+    } else if constexpr (is_array<D>::value) {
+        materialized_t<T> out;
+        for (std::size_t i = 0; i < v.size(); ++i) out[i] = materialize_result(v[i]);
+        return out;
+    } else {
+        return std::apply([](const auto&... x) { return materialized_t<T>{materialize_result(x)...}; }, v);
+    }
+}
+
 template <class T> void flatten(const T& a, Flat& f) {
     using D = std::remove_cvref_t<T>;
     if constexpr (std::is_same_v<D, Tensor>) {
@@ -188,6 +226,9 @@ struct Entry {
     bool lazy = false;  ///< the function breaks the graph: every call re-traces, segments are cached
     Executable run;     ///< whole-graph program (not lazy)
     std::vector<std::size_t> out_sizes;  ///< the result's vector sizes
+    /// After the results, the program returns the final values of the memory the function wrote
+    /// into (an argument, or a tensor from outside the function), copied back after each call.
+    std::vector<trace::WriteBack> writes;
     std::string graph_text;
     std::string fusion_text;  ///< the kernels, one line each
     std::string dot;          ///< the graph with kernels as clusters
@@ -201,6 +242,39 @@ struct Entry {
         return true;
     }
 };
+
+/// Outputs the passes made an input or a captured tensor (x * 1 is x; a clone assigned an
+/// argument is the argument) that the function did not return as such (`own[k]` false) become
+/// copies, so a result never shares memory with an argument the program writes back, or that the
+/// caller changes later: eager returns new memory there.
+inline void copy_aliased_outputs(ir::Graph& g, const std::vector<char>& own) {
+    for (std::size_t k = 0; k < own.size() && k < g.outputs.size(); ++k) {
+        int r = g.outputs[k];
+        while (g[r].kind == ir::Kind::view) r = g[r].in[0];
+        if (own[k] || (g[r].kind != ir::Kind::input && g[r].kind != ir::Kind::constant)) continue;
+        const ir::Node& o = g[g.outputs[k]];
+        ir::Node c;
+        c.kind = ir::Kind::elementwise;
+        c.op = ops::op_id<ops::Copy>;
+        c.dtype = c.attr = o.dtype;
+        c.ct = cast_compute_dtype(o.dtype, o.dtype);
+        c.shape = o.shape;
+        c.in = {g.outputs[k]};
+        g.outputs[k] = g.add(std::move(c));
+    }
+}
+
+/// Copies the values a program returned after its results (`outs`' last writes.size()) into the
+/// memory the traced function wrote into, and drops them from outs: torch's functionalization
+/// writes mutated inputs back at the end of the program in the same way.
+inline void apply_writes(std::vector<Tensor>& outs, const std::vector<trace::WriteBack>& writes, const std::vector<Tensor>& args) {
+    const std::size_t n = outs.size() - writes.size();
+    for (std::size_t i = 0; i < writes.size(); ++i) {
+        Tensor dst = writes[i].arg >= 0 ? args[static_cast<std::size_t>(writes[i].arg)] : writes[i].target;
+        dst.copy_(outs[n + i]);
+    }
+    outs.resize(n);
+}
 
 /// A segment of a graph-breaking function: cached by structural hash and input guards.
 struct Segment {
@@ -250,7 +324,8 @@ inline bool rederive_view(ir::Node& v, const Shape& from, const Shape& to) {
         for (int k = 0; k < v.shape.rank(); ++k)
             if (dim_of[static_cast<std::size_t>(k)] == d) {
                 ++walkers;
-                whole += step[static_cast<std::size_t>(k)] == 1 && v.shape[k] == from[d] && start[static_cast<std::size_t>(d)] == 0;
+                whole += step[static_cast<std::size_t>(k)] == 1 && v.shape[k] == from[d] && start[static_cast<std::size_t>(d)] == 0 &&
+                         !((v.mask >> k) & 1u);  // a slice that happened to cover the dim is not the dim
             }
         if (walkers != 1 || whole != 1) return false;
     }
@@ -310,6 +385,19 @@ inline int infer_shapes(ir::Graph& g, const std::vector<Shape>& inputs) {
             case ir::Kind::view:
                 if (!rederive_view(n, recorded[static_cast<std::size_t>(n.in[0])], g[n.in[0]].shape)) return i;
                 break;
+            case ir::Kind::view_write: {  // the view written into follows its base like a view
+                ir::Node v;
+                v.shape = recorded[static_cast<std::size_t>(n.in[1])];
+                v.args = n.args;
+                v.value = n.value;
+                v.mask = n.mask;
+                if (!rederive_view(v, recorded[static_cast<std::size_t>(n.in[0])], g[n.in[0]].shape) || !(v.shape == g[n.in[1]].shape))
+                    return i;
+                n.shape = g[n.in[0]].shape;
+                n.args = v.args;
+                n.value = v.value;
+                break;
+            }
             case ir::Kind::call: {
                 std::vector<Shape> in;
                 for (int j : n.in) in.push_back(g[j].shape);
@@ -330,7 +418,7 @@ inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
     }
     if (const int bad = infer_shapes(g, shapes); bad >= 0) {
         const ir::Node& n = g[bad];
-        std::string what = n.kind == ir::Kind::view ? "a view" : "operands";
+        std::string what = n.kind == ir::Kind::view ? "a view" : n.kind == ir::Kind::view_write ? "a write into a view" : "operands";
         if (n.kind == ir::Kind::elementwise) {
             what = ops::op_name(n.op);
             what += " of operands";
@@ -379,17 +467,6 @@ inline int program_device(const ir::Graph& g, const std::vector<Tensor>& inputs)
     return -1;
 }
 
-/// Shapes of the row groups of a plan after infer_shapes changed the graph's shapes.
-inline void refresh_row_spaces(const ir::Graph& g, fuse::Plan& p) {
-    for (auto& G : p.groups)
-        if (G.kind == fuse::Group::Kind::row)
-            for (int j : G.nodes)
-                if (g[j].kind == ir::Kind::reduce) {
-                    G.space = g[g[j].in[0]].shape;
-                    break;
-                }
-}
-
 /// A dynamic program's instances for the input shapes it met last: a call whose shapes match one
 /// reuses it (no per-call copy of the graph and plan, and its memory plan applies); at most
 /// `capacity` are kept, the least recently used goes first.
@@ -422,15 +499,31 @@ private:
     std::vector<std::pair<std::vector<Shape>, std::shared_ptr<const Instance>>> entries_;
 };
 
-/// A program's graph and plan with shapes re-derived for these inputs (dynamic programs).
+/// Whether two plans of one graph group the same nodes the same way (their row spaces may differ).
+inline bool same_grouping(const fuse::Plan& a, const fuse::Plan& b) {
+    if (a.groups.size() != b.groups.size()) return false;
+    for (std::size_t k = 0; k < a.groups.size(); ++k) {
+        const fuse::Group &x = a.groups[k], &y = b.groups[k];
+        if (x.kind != y.kind || x.nodes != y.nodes || x.outputs != y.outputs || x.leaves != y.leaves || x.mask != y.mask ||
+            x.bias != y.bias || x.act != y.act || x.in_place != y.in_place)
+            return false;
+    }
+    return true;
+}
+
+/// A program's graph with shapes re-derived for these inputs (dynamic programs), and its plan
+/// for them: planned again, because the fuser's choices follow shapes, and two dims the trace
+/// saw equal (one that became dynamic and one that did not, or two dynamic ones) need not stay
+/// equal: a value over one of them is not a row over the other.
 struct ShapedPlan {
     ir::Graph g;
     fuse::Plan p;
 };
-inline ShapedPlan shaped_plan(const ir::Graph& g, const fuse::Plan& p, const std::vector<Tensor>& in) {
-    ShapedPlan s{g, p};
+inline ShapedPlan shaped_plan(const ir::Graph& g, const std::vector<Tensor>& in, const fuse::Limits& lim, int device) {
+    ShapedPlan s{g, {}};
     infer_shapes(s.g, in);
-    refresh_row_spaces(s.g, s.p);
+    s.p = fuse::plan(s.g, lim);
+    if (device >= 0) fuse::absorb_matmul_epilogues(s.g, s.p);
     return s;
 }
 
@@ -452,7 +545,7 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
         return opt.custom_backend(g);
     }
     fuse::Plan plan;
-    if (opt.backend == Backend::graph) {
+    if (opt.backend == Backend::eager) {
         // every computed node its own kernel: the captured graph, no fusion
         fuse::Limits one = opt.limits;
         one.max_nodes = 1;
@@ -495,21 +588,33 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
     if (device >= 0) {
         auto cprog = std::make_shared<cuda::detail::CudaGraphProgram>(g, plan, device);
         if (!dynamic) return [cprog](const std::vector<Tensor>& in) { return cprog->run(in); };
-        // the kernels are shape-generic; each input shape gets its graph and plan once
-        auto shaped = std::make_shared<ShapeInstances<ShapedPlan>>();
-        return [cprog, shaped](const std::vector<Tensor>& in) {
-            const auto inst = shaped->get(in, [&] { return std::make_shared<ShapedPlan>(shaped_plan(cprog->graph(), cprog->plan(), in)); });
-            return cprog->run_graph(inst->g, inst->p, in);
+        // the kernels are shape-generic; each input shape gets its graph and plan once, and a plan
+        // that groups differently gets a program (and kernels) of its own
+        struct Instance {
+            ShapedPlan s;
+            std::shared_ptr<cuda::detail::CudaGraphProgram> own;
+        };
+        auto shaped = std::make_shared<ShapeInstances<Instance>>();
+        const fuse::Limits lim = opt.limits;
+        return [cprog, shaped, lim, device](const std::vector<Tensor>& in) {
+            const auto inst = shaped->get(in, [&] {
+                auto made = std::make_shared<Instance>(Instance{shaped_plan(cprog->graph(), in, lim, device), nullptr});
+                if (!same_grouping(made->s.p, cprog->plan()))
+                    made->own = std::make_shared<cuda::detail::CudaGraphProgram>(made->s.g, made->s.p, device);
+                return made;
+            });
+            return inst->own ? inst->own->run(in) : cprog->run_graph(inst->s.g, inst->s.p, in);
         };
     }
     auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(g, plan);
     if (!dynamic) return [prog](const std::vector<Tensor>& in) { return prog->run(in); };
-    // each input shape gets its program (shapes, row spaces, memory plan) once; the trace, passes
-    // and fusion are shared by all sizes
+    // each input shape gets its program (shapes, plan, memory plan) once; the trace and passes
+    // are shared by all sizes
     auto shaped = std::make_shared<ShapeInstances<kiln::detail::CpuGraphProgram>>();
-    return [prog, shaped](const std::vector<Tensor>& in) {
+    const fuse::Limits lim = opt.limits;
+    return [prog, shaped, lim](const std::vector<Tensor>& in) {
         const auto inst = shaped->get(in, [&] {
-            ShapedPlan s = shaped_plan(prog->graph(), prog->plan(), in);
+            ShapedPlan s = shaped_plan(prog->graph(), in, lim, -1);
             return std::make_shared<kiln::detail::CpuGraphProgram>(std::move(s.g), std::move(s.p));
         });
         return inst->run(in);
@@ -526,8 +631,10 @@ public:
 
     template <class... Args>
     auto operator()(const Args&... args) {
-        using R = std::invoke_result_t<F&, const Args&...>;
-        if (opt_.backend == Backend::eager) return fn_(args...);
+        // results that are tensor expressions come back as Tensors
+        using R = detail::materialized_t<std::invoke_result_t<F&, const Args&...>>;
+        auto eager = [&]() -> R { return detail::materialize_result(fn_(args...)); };
+        if (opt_.backend == Backend::none) return eager();
         detail::Flat flat;
         (detail::flatten(args, flat), ...);
         // fast path: a cached program whose guards pass (run outside the lock)
@@ -539,24 +646,33 @@ public:
             fallback = state_->eager_fallback;
         }
         if (hit) return run_entry<R>(*hit, flat, args...);
-        if (fallback) return fn_(args...);
-        std::unique_lock lock(state_->mu);  // held while compiling: concurrent first calls compile once
-        if (auto again = lookup(flat)) {    // compiled by a concurrent first call meanwhile
-            lock.unlock();
-            return run_entry<R>(*again, flat, args...);
+        if (fallback) return eager();
+        std::unique_lock lock(state_->mu);
+        // A compile runs outside the lock, so calls whose programs are cached never wait for it;
+        // a call whose guards an in-flight compile will satisfy waits for that one instead of
+        // compiling the same program again.
+        for (;;) {
+            if (auto again = lookup(flat)) {  // compiled by a concurrent call meanwhile
+                lock.unlock();
+                return run_entry<R>(*again, flat, args...);
+            }
+            if (state_->eager_fallback) return eager();
+            const bool in_flight = std::any_of(state_->compiling.begin(), state_->compiling.end(),
+                                               [&](const auto& e) { return e->matches(flat); });
+            if (!in_flight) break;
+            state_->compiled.wait(lock);
         }
-        if (state_->eager_fallback) return fn_(args...);
         // a recompile: why, and whether the limit allows it
         if (!state_->entries.empty()) {
             const std::string why = mismatch_reason(*state_->entries.back(), flat);
-            if (static_cast<int>(state_->entries.size()) >= opt_.recompile_limit) {
+            if (static_cast<int>(state_->entries.size() + state_->compiling.size()) >= opt_.recompile_limit) {
                 const std::string msg = "kiln::compile: recompile limit (" + std::to_string(opt_.recompile_limit) +
                                         ") reached; last reason: " + why;
                 if (opt_.stance == Stance::error) throw RecompileLimitError(msg);
                 debug::Logs::instance().write("recompiles", msg + "; falling back to eager");
                 std::fprintf(stderr, "kiln: warning: %s; running eagerly from now on\n", msg.c_str());
                 state_->eager_fallback = true;
-                return fn_(args...);
+                return eager();
             }
             debug::log("recompiles", "recompiling: " + why);
         }
@@ -569,14 +685,31 @@ public:
             entry->guards.push_back(cache::TensorGuard::of(flat.tensors[i], dyn));
         }
         state_->compiles++;
-        R result = trace_first<R>(flat, *entry, args...);
+        state_->compiling.push_back(entry);
+        lock.unlock();
+        std::optional<R> result;
+        bool still_polymorphic = true;
+        std::vector<trace::Break> breaks;
+        try {
+            result.emplace(trace_first<R>(flat, *entry, still_polymorphic, breaks, args...));
+        } catch (...) {
+            lock.lock();
+            std::erase(state_->compiling, entry);
+            state_->compiled.notify_all();
+            throw;
+        }
         if (debug::log_on("guards")) {
             std::string s = "guards:";
             for (std::size_t i = 0; i < entry->guards.size(); ++i) s += " arg" + std::to_string(i) + "=" + entry->guards[i].str();
             debug::log("guards", s);
         }
+        lock.lock();
+        std::erase(state_->compiling, entry);
+        state_->polymorphic = state_->polymorphic && still_polymorphic;
+        state_->last_breaks = std::move(breaks);
         state_->entries.push_back(std::move(entry));
-        return result;
+        state_->compiled.notify_all();
+        return std::move(*result);
     }
 
     /// Programs compiled so far (recompiles + 1), and cached entries.
@@ -624,13 +757,16 @@ public:
 private:
     struct State {
         mutable std::shared_mutex mu;
+        std::condition_variable_any compiled;  ///< notified when a compile finishes
         std::vector<std::shared_ptr<detail::Entry>> entries;
+        std::vector<std::shared_ptr<detail::Entry>> compiling;  ///< compiles in flight (guards set, no program yet)
+        bool polymorphic = true;  ///< no compile had to specialize a dim marked dynamic
         std::vector<std::vector<char>> dynamic;  ///< per argument tensor, per dim
         std::vector<std::vector<Dims>> seen;     ///< sizes seen per argument tensor
         std::mutex seg_mu;
         std::vector<detail::Segment> segments;
         std::vector<trace::Break> last_breaks;
-        int compiles = 0;
+        std::atomic<int> compiles{0};
         bool eager_fallback = false;
     };
 
@@ -643,7 +779,9 @@ private:
     template <class R, class... Args>
     R run_entry(const detail::Entry& e, const detail::Flat& flat, const Args&... args) {
         if (e.lazy) return trace_call<R>(flat, e, args...);
-        return unflatten<R>(e.run(flat.tensors), e.out_sizes);
+        std::vector<Tensor> outs = e.run(flat.tensors);
+        detail::apply_writes(outs, e.writes, flat.tensors);
+        return unflatten<R>(outs, e.out_sizes);
     }
 
     std::vector<char>& dynamic_dims(std::size_t arg, int rank) {
@@ -670,7 +808,7 @@ private:
                 auto& dyn = dynamic_dims(i, t.rank());
                 for (int d = 0; d < t.rank(); ++d)
                     if (g.dims[d] != cache::symbolic && g.dims[d] != t.shape()[d] && cache::size_class(g.dims[d]) == 2 &&
-                        cache::size_class(t.shape()[d]) == 2 && e.lazy == false && polymorphic_) {
+                        cache::size_class(t.shape()[d]) == 2 && e.lazy == false && state_->polymorphic) {
                         dyn[static_cast<std::size_t>(d)] = 1;
                         why += "; marking dim " + std::to_string(d) + " dynamic";
                     }
@@ -684,16 +822,22 @@ private:
     template <class... Args>
     auto call_traced(trace::Tracer& tr, const detail::Flat& flat, const Args&... args) {
         std::size_t k = 0;
-        auto next = [&]() { return tr.input(flat.tensors[k++]); };
+        auto next = [&]() {
+            const int arg = static_cast<int>(k++);
+            return tr.input(flat.tensors[static_cast<std::size_t>(arg)], arg);
+        };
         trace::ActiveScope scope(&tr);
-        return std::apply([&](const auto&... a) { return fn_(a...); }, std::tuple<Args...>{detail::rebuild(args, next)...});
+        return detail::materialize_result(
+            std::apply([&](const auto&... a) { return fn_(a...); }, std::tuple<Args...>{detail::rebuild(args, next)...}));
     }
 
-    /// Runs a segment through the segment cache (graph-breaking functions).
-    Executable segment_runner(const ir::Graph& raw, const std::vector<Tensor>& inputs) {
+    /// Runs a segment through the segment cache (graph-breaking functions). `own` (the last
+    /// segment): which results may be an argument's memory (detail::copy_aliased_outputs).
+    Executable segment_runner(const ir::Graph& raw, const std::vector<Tensor>& inputs, const std::vector<char>& own = {}) {
         // the key comes from the graph without freezing: folding makes new constants on every
         // trace, whose addresses would never hash the same twice
         ir::Graph g = passes::run_pipeline(raw, opt_.freeze ? nullptr : graph_logger());
+        detail::copy_aliased_outputs(g, own);
         const std::uint64_t h = ir::structural_hash(g);
         std::lock_guard lock(state_->seg_mu);
         for (const auto& s : state_->segments) {
@@ -702,7 +846,10 @@ private:
             for (std::size_t i = 0; i < inputs.size() && ok; ++i) ok = s.guards[i].matches(inputs[i]);
             if (ok) return s.run;
         }
-        if (opt_.freeze) g = passes::run_pipeline(raw, graph_logger(), {.freeze = true});
+        if (opt_.freeze) {
+            g = passes::run_pipeline(raw, graph_logger(), {.freeze = true});
+            detail::copy_aliased_outputs(g, own);
+        }
         detail::Segment s{h, {}, {}};
         for (const Tensor& t : inputs) s.guards.push_back(cache::TensorGuard::of(t, {}));
         int kernels = 0;
@@ -750,32 +897,42 @@ private:
 
     /// The first call for these guards: trace, optimize, fuse, run; keeps the program when the
     /// trace did not break.
+    /// `still_polymorphic` receives false when this program had to specialize the dims its guards
+    /// mark dynamic (mark no more); `breaks` receives the graph breaks. Runs without the lock.
     template <class R, class... Args>
-    R trace_first(const detail::Flat& flat, detail::Entry& entry, const Args&... args) {
+    R trace_first(const detail::Flat& flat, detail::Entry& entry, bool& still_polymorphic,
+                  std::vector<trace::Break>& breaks, const Args&... args) {
         trace::Tracer tr([this](const ir::Graph& g, const std::vector<Tensor>& in) { return segment_runner(g, in)(in); },
                          opt_.fullgraph);
         R traced = call_traced(tr, flat, args...);
         detail::Flat outs;
         detail::flatten(traced, outs);
         entry.out_sizes = outs.sizes;
-        state_->last_breaks = tr.breaks();
+        breaks = tr.breaks();
         for (const auto& b : tr.breaks())
             debug::log("graph_breaks", "graph break (" + b.reason + ") at " + kiln::detail::format_location(b.loc));
         if (!tr.breaks().empty()) {
             entry.lazy = true;
-            return finish_segment<R>(tr, outs, entry.out_sizes);
+            return finish_segment<R>(tr, flat, outs, entry.out_sizes);
         }
         // one whole graph
         ir::Graph& g = tr.graph();
-        for (const Tensor& t : outs.tensors) g.outputs.push_back(tr.node_of(t));
+        std::vector<char> own;
+        for (const Tensor& t : outs.tensors) {
+            g.outputs.push_back(tr.node_of(t));
+            own.push_back(tr.returns_own_memory(t));
+        }
+        entry.writes = tr.write_backs();
+        for (const auto& w : entry.writes) g.outputs.push_back(w.node);
         ir::Graph opt = passes::run_pipeline(g, graph_logger(), {.freeze = opt_.freeze});
+        detail::copy_aliased_outputs(opt, own);
         bool dynamic = false;
         for (const auto& gd : entry.guards)
             for (auto d : gd.dims) dynamic = dynamic || d == cache::symbolic;
         // a view that slices, merges or broadcasts a symbolic dim bakes its size in: specialize
         // after all, and mark no more dims dynamic
-        polymorphic_ = !dynamic || detail::follows_symbolic_dims(opt, flat.tensors, entry.guards);
-        if (dynamic && !polymorphic_) {
+        still_polymorphic = !dynamic || detail::follows_symbolic_dims(opt, flat.tensors, entry.guards);
+        if (dynamic && !still_polymorphic) {
             for (std::size_t i = 0; i < entry.guards.size(); ++i) entry.guards[i] = cache::TensorGuard::of(flat.tensors[i], {});
             dynamic = false;
         }
@@ -798,7 +955,9 @@ private:
         entry.run = detail::make_executable(opt, opt_, entry.kernels, dynamic, detail::program_device(opt, tr.segment_inputs()));
         debug::log("cache", "compiled " + std::to_string(entry.kernels) + " kernel(s), graph hash " + std::to_string(entry.hash));
         if (debug::log_on("output_code")) debug::log("output_code", entry.graph_text);
-        return unflatten<R>(entry.run(tr.segment_inputs()), entry.out_sizes);
+        std::vector<Tensor> results = entry.run(tr.segment_inputs());
+        detail::apply_writes(results, entry.writes, flat.tensors);
+        return unflatten<R>(results, entry.out_sizes);
     }
 
     /// A graph-breaking function's later calls: trace again, segments come from their cache.
@@ -809,27 +968,33 @@ private:
         R traced = call_traced(tr, flat, args...);
         detail::Flat outs;
         detail::flatten(traced, outs);
-        return finish_segment<R>(tr, outs, entry.out_sizes);
+        return finish_segment<R>(tr, flat, outs, entry.out_sizes);
     }
 
     template <class R>
-    R finish_segment(trace::Tracer& tr, const detail::Flat& outs, const std::vector<std::size_t>& sizes) {
+    R finish_segment(trace::Tracer& tr, const detail::Flat& flat, const detail::Flat& outs, const std::vector<std::size_t>& sizes) {
         // the last segment computes the results (values from earlier segments pass through)
         std::vector<Tensor> results(outs.tensors.size());
         std::vector<std::size_t> pending;
+        std::vector<char> own;
         ir::Graph& g = tr.graph();
         for (std::size_t i = 0; i < outs.tensors.size(); ++i) {
             const Tensor& t = outs.tensors[i];
-            if (!t.is_traced()) results[i] = t;
-            else if (t.traced_value()->segment != tr.segment() && t.traced_value()->concrete.storage())
-                results[i] = t.traced_value()->concrete;
-            else {
+            if (!t.is_traced() && !tr.records_write_into(t)) {
+                results[i] = t;
+            } else if (Tensor c = t.is_traced() ? tr.concrete_of(t) : Tensor(); c.defined()) {
+                results[i] = c;
+            } else {
                 g.outputs.push_back(tr.node_of(t));
+                own.push_back(tr.returns_own_memory(t));
                 pending.push_back(i);
             }
         }
-        if (!pending.empty()) {
-            const std::vector<Tensor> got = segment_runner(g, tr.segment_inputs())(tr.segment_inputs());
+        const std::vector<trace::WriteBack> writes = tr.write_backs();
+        for (const auto& w : writes) g.outputs.push_back(w.node);
+        if (!g.outputs.empty()) {
+            std::vector<Tensor> got = segment_runner(g, tr.segment_inputs(), own)(tr.segment_inputs());
+            detail::apply_writes(got, writes, flat.tensors);
             for (std::size_t k = 0; k < pending.size(); ++k) results[pending[k]] = got[k];
         }
         return unflatten<R>(results, sizes);
@@ -838,7 +1003,6 @@ private:
     F fn_;
     Options opt_;
     std::shared_ptr<State> state_;
-    bool polymorphic_ = true;
 };
 
 /// Compiles fn: its first call traces it into a graph, which is optimized, fused and cached;

@@ -24,3 +24,4 @@
 #include "kiln/ops/matmul.hpp"
 #include "kiln/ops/nn.hpp"
 #include "kiln/ops/reductions.hpp"
+#include "kiln/ops/shape_ops.hpp"

@@ -69,6 +69,13 @@ constexpr DType promote_types(DType a, DType b) {
 constexpr DType compute_dtype(DType d) {
     return (d == DType::f16 || d == DType::bf16) ? DType::f32 : d;
 }
+/// The compute type a conversion from `from` to `to` runs in, as expressions resolve it: the
+/// target's, or for a conversion to bool the source's; bool to bool runs in f32 (kernels never
+/// compute in bool).
+constexpr DType cast_compute_dtype(DType from, DType to) {
+    const DType c = to == DType::boolean ? compute_dtype(from) : compute_dtype(to);
+    return c == DType::boolean ? DType::f32 : c;
+}
 
 template <class T> struct TypeTag { using type = T; };
 

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace kiln {
 
@@ -38,9 +39,49 @@ inline std::string format_location(const std::source_location& loc) {
     return std::string(file) + ":" + std::to_string(loc.line());
 }
 
-/// Throws E with "kiln::<op>: <what> at <file:line>".
+/// The public op the user called, while a composite of it runs (softmax, var, cat...).
+struct UserOp {
+    std::string_view name;
+    std::source_location loc;
+};
+/// This thread's outermost UserOpScope, or nullptr.
+inline const UserOp*& current_user_op() {
+    thread_local const UserOp* op = nullptr;
+    return op;
+}
+
+/// Names the user's op for the errors raised while a composite runs: the ops it decomposes into
+/// (max, sum, slice, copy_...) fail as `kiln::softmax: ... at <the user's file:line>`, not as
+/// `kiln::max`. Scopes nest; the outermost (the op the user wrote) wins. Each public composite
+/// opens one first thing, with the op's name and the caller's location.
+class UserOpScope {
+public:
+    UserOpScope(std::string_view name, const std::source_location& loc) : op_{name, loc} {
+        if (current_user_op() == nullptr) {
+            current_user_op() = &op_;
+            owner_ = true;
+        }
+    }
+    ~UserOpScope() {
+        if (owner_) current_user_op() = nullptr;
+    }
+    UserOpScope(const UserOpScope&) = delete;
+    UserOpScope& operator=(const UserOpScope&) = delete;
+
+private:
+    UserOp op_;
+    bool owner_ = false;
+};
+
+/// Throws E with "kiln::<op>: <what> at <file:line>". Inside a UserOpScope, errors about the
+/// user's input (shapes, dtypes, values, devices) name the scope's op and location instead.
 template <class E>
 [[noreturn]] void fail(std::string_view op, const std::string& what, const std::source_location& loc) {
+    constexpr bool user_input = std::is_same_v<E, ShapeError> || std::is_same_v<E, DTypeError> ||
+                                std::is_same_v<E, ValueError> || std::is_same_v<E, DeviceError>;
+    if constexpr (user_input)
+        if (const UserOp* u = current_user_op())
+            throw E("kiln::" + std::string(u->name) + ": " + what + " at " + format_location(u->loc));
     throw E("kiln::" + std::string(op) + ": " + what + " at " + format_location(loc));
 }
 

@@ -8,6 +8,7 @@
 #include <source_location>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/core/error.hpp"
@@ -62,10 +63,18 @@ public:
         for (int i = pos; i + 1 < rank_; ++i) v_[static_cast<std::size_t>(i)] = v_[static_cast<std::size_t>(i + 1)];
         --rank_;
     }
-    /// Product of the values (the element count of a shape); 1 for rank 0.
+    /// Product of the values (the element count of a shape); 1 for rank 0. Shapes are checked
+    /// where they are made (detail::check_shape), so this overflows only for a shape that skipped
+    /// the check: ShapeError then, rather than a wrong count.
     std::int64_t numel() const {
         std::int64_t n = 1;
-        for (int i = 0; i < rank_; ++i) n *= v_[static_cast<std::size_t>(i)];
+        bool overflow = false;
+        for (int i = 0; i < rank_; ++i) {
+            const std::int64_t d = v_[static_cast<std::size_t>(i)];
+            if (d == 0) return 0;
+            overflow = overflow || __builtin_mul_overflow(n, d, &n);
+        }
+        if (overflow) throw ShapeError("kiln::numel: the element count of shape " + str() + " overflows int64");
         return n;
     }
     std::vector<std::int64_t> vec() const { return {begin(), end()}; }
@@ -98,14 +107,16 @@ private:
 using Shape = Dims;
 using Strides = Dims;
 
-/// Row-major (C order) strides in elements for a shape.
+/// Row-major (C order) strides in elements for a shape (one detail::check_shape accepted: for
+/// any other the strides that overflow are wrong, though never undefined behaviour).
 inline Strides contiguous_strides(const Shape& s) {
     Strides st = Strides::filled(s.rank(), 1);
     std::int64_t acc = 1;
-    for (int i = s.rank() - 1; i >= 0; --i) {
+    for (int i = s.rank() - 1; i > 0; --i) {
         st[i] = acc;
-        acc *= std::max<std::int64_t>(s[i], 1);
+        (void)__builtin_mul_overflow(acc, std::max<std::int64_t>(s[i], 1), &acc);
     }
+    if (s.rank() > 0) st[0] = acc;
     return st;
 }
 
@@ -130,6 +141,29 @@ inline int normalize_axis(std::int64_t axis, int rank, std::string_view op, cons
         fail<ShapeError>(op, "axis " + std::to_string(axis) + " is out of range for a tensor of rank " +
                                  std::to_string(rank), loc);
     return static_cast<int>(axis < 0 ? axis + r : axis);
+}
+
+/// Checks the shape of a new tensor or view and returns it: ShapeError naming op, the shape and
+/// loc when a dim is negative, or when the element count, the byte count (elements x
+/// element_size) or a contiguous stride does not fit in int64 (`empty({1 << 40, 1 << 40})`).
+inline const Shape& check_shape(const Shape& shape, std::size_t element_size, std::string_view op,
+                                const std::source_location& loc) {
+    bool has_zero = false;
+    for (const std::int64_t d : shape) {
+        if (d < 0) fail<ShapeError>(op, "negative dimension in shape " + shape.str(), loc);
+        has_zero = has_zero || d == 0;
+    }
+    // The product of max(d, 1) bounds the element count and every contiguous stride, so a zero dim
+    // cannot hide an overflow in the others (as nn/io.hpp's shape_problem for shapes from files).
+    const char* what = has_zero ? "the product of its nonzero dims" : "its element count";
+    std::int64_t extent = 1, bytes = 0;
+    for (const std::int64_t d : shape)
+        if (__builtin_mul_overflow(extent, std::max<std::int64_t>(d, 1), &extent))
+            fail<ShapeError>(op, "shape " + shape.str() + " is too large: " + what + " overflows int64", loc);
+    if (__builtin_mul_overflow(extent, static_cast<std::int64_t>(element_size), &bytes))
+        fail<ShapeError>(op, "shape " + shape.str() + " is too large: " + what + " (" + std::to_string(extent) +
+                                 ") times " + std::to_string(element_size) + " bytes per element overflows int64", loc);
+    return shape;
 }
 
 /// NumPy broadcasting of two shapes into result; false when they do not broadcast.

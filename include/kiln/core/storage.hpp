@@ -1,7 +1,9 @@
 // Ref-counted memory blocks that tensors view: owned (from an Allocator) or borrowed (Eigen, user).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "kiln/core/allocator.hpp"
@@ -14,10 +16,10 @@ class Storage {
 public:
     /// Allocates nbytes from alloc.
     Storage(std::size_t nbytes, Allocator& alloc, Device device = Device::cpu())
-        : data_(alloc.allocate(nbytes)), nbytes_(nbytes), device_(device), allocator_(&alloc) {}
+        : data_(alloc.allocate(nbytes)), nbytes_(nbytes), device_(device), allocator_(&alloc), serial_(take_serial()) {}
     /// Borrows memory someone else owns; `keep_alive` (may be null) is held as long as the storage.
     Storage(void* data, std::size_t nbytes, Device device, std::shared_ptr<void> keep_alive)
-        : data_(data), nbytes_(nbytes), device_(device), keep_alive_(std::move(keep_alive)) {}
+        : data_(data), nbytes_(nbytes), device_(device), keep_alive_(std::move(keep_alive)), serial_(take_serial()) {}
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
     ~Storage() {
@@ -28,13 +30,33 @@ public:
     std::size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
     bool owns_memory() const { return allocator_ != nullptr; }
+    /// Creation order: storages made later have larger serials (a tracer tells memory from outside
+    /// its traced call from memory the call made).
+    std::uint64_t serial() const { return serial_; }
+    /// The serial the next storage will get.
+    static std::uint64_t next_serial() { return counter().load(std::memory_order_relaxed); }
 
 private:
+    static std::atomic<std::uint64_t>& counter() {
+        static std::atomic<std::uint64_t> c{0};
+        return c;
+    }
+    static std::uint64_t take_serial() { return counter().fetch_add(1, std::memory_order_relaxed); }
+
     void* data_ = nullptr;
     std::size_t nbytes_ = 0;
     Device device_;
     Allocator* allocator_ = nullptr;
     std::shared_ptr<void> keep_alive_;
+    std::uint64_t serial_ = 0;
 };
+
+/// Set while a tracer holds recorded writes into concrete memory that the memory does not show
+/// yet: reading or writing a tensor's memory directly first lets the tracer apply them.
+using PendingWritesHook = void (*)(const Storage*);
+inline PendingWritesHook& pending_writes_hook() {
+    thread_local PendingWritesHook h = nullptr;
+    return h;
+}
 
 }  // namespace kiln::detail

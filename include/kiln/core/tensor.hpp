@@ -36,7 +36,11 @@ struct Value;
 /// Graph break: the concrete tensor a tracing tensor stands for (defined in trace/tracer.hpp).
 Tensor materialize(const Tensor& t, const std::source_location& loc);
 /// Records a view of a tracing tensor (defined in trace/tracer.hpp).
-Tensor record_view(const Tensor& src, const Tensor& view);
+Tensor record_view(const Tensor& src, const Tensor& view, unsigned fixed);
+/// The device the value of a tracing tensor lives on (defined in trace/tracer.hpp).
+Device device_of(const Tensor& t);
+/// The dims of a tracing view whose extent a slice fixed (defined in trace/tracer.hpp).
+unsigned fixed_dims(const Tensor& t);
 }  // namespace trace
 
 /// An n-dimensional array: dtype, shape, strides (in elements) and an offset into shared storage.
@@ -51,9 +55,8 @@ public:
     /// kiln/backends/cuda/allocator.hpp); DeviceError when there is no driver or no such device,
     /// OutOfMemory when the device is full.
     Tensor(const Shape& shape, DType dtype, Device device = Device::cpu(), Loc loc = Loc::current())
-        : shape_(shape), strides_(contiguous_strides(shape)), dtype_(dtype) {
-        for (auto d : shape)
-            if (d < 0) detail::fail<ShapeError>("empty", "negative dimension in shape " + shape.str(), loc);
+        : shape_(detail::check_shape(shape, dtype_size(dtype), "empty", loc)), strides_(contiguous_strides(shape)),
+          dtype_(dtype) {
         const std::size_t nbytes = std::max<std::size_t>(nbytes_dense(), 1);
         if (device.is_cpu()) {
             storage_ = std::make_shared<detail::Storage>(nbytes, host_allocator(), device);
@@ -97,11 +100,15 @@ public:
     bool is_traced() const { return traced_ != nullptr; }
     const std::shared_ptr<trace::Value>& traced_value() const { return traced_; }
     /// A tracing tensor (contiguous logical layout, no storage) for a traced value.
-    static Tensor make_traced(std::shared_ptr<trace::Value> v, const Shape& shape, DType dtype) {
+    /// Its shape, strides and offset describe a view of the traced value's base, as an eager
+    /// tensor's describe a view of its storage.
+    static Tensor make_traced(std::shared_ptr<trace::Value> v, const Shape& shape, const Strides& strides, std::int64_t offset,
+                              DType dtype) {
         Tensor t;
         t.traced_ = std::move(v);
         t.shape_ = shape;
-        t.strides_ = contiguous_strides(shape);
+        t.strides_ = strides;
+        t.offset_ = offset;
         t.dtype_ = dtype;
         return t;
     }
@@ -120,13 +127,14 @@ public:
     DType dtype() const { return dtype_; }
     std::size_t element_size() const { return dtype_size(dtype_); }
     std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(); }
-    Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+    Device device() const { return storage_ ? storage_->device() : traced_ ? trace::device_of(*this) : Device::cpu(); }
     bool is_contiguous() const { return kiln::is_contiguous(shape_, strides_); }
     const std::shared_ptr<detail::Storage>& storage() const { return storage_; }
 
     /// Address of the first element (after the offset).
     void* data_ptr() const {
         if (traced_) return trace::materialize(*this, std::source_location::current()).data_ptr();
+        if (const auto hook = detail::pending_writes_hook()) [[unlikely]] hook(storage_.get());
         return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size());
     }
     /// Typed address of the first element; T must be the tensor's dtype. For a CUDA tensor this
@@ -261,10 +269,17 @@ private:
         }
         return static_cast<char*>(data_ptr()) + off * static_cast<std::int64_t>(element_size());
     }
-    Tensor with_view(const Shape& shape, const Strides& strides, std::int64_t offset) const {
-        if (traced_) return trace::record_view(*this, Tensor(nullptr, offset, shape, strides, dtype_));
+    /// A view of the same memory. `fixed` (tracing tensors only): the view's dims whose extent
+    /// came from the caller's bounds (a slice), which a dynamic program must not take to follow
+    /// its operand's size: a slice that covers a dim at trace time (0:2 of 2) is not the whole dim.
+    Tensor with_view(const Shape& shape, const Strides& strides, std::int64_t offset, unsigned fixed = 0) const {
+        if (traced_) return trace::record_view(*this, Tensor(nullptr, offset, shape, strides, dtype_), fixed);
         return Tensor(storage_, offset, shape, strides, dtype_);
     }
+    unsigned fixed() const { return traced_ ? trace::fixed_dims(*this) : 0u; }
+    /// `m` with bit d removed (a dim dropped) or a clear bit inserted at d (a dim added).
+    static unsigned drop_bit(unsigned m, int d) { return (m & ((1u << d) - 1)) | ((m >> (d + 1)) << d); }
+    static unsigned insert_bit(unsigned m, int d) { return (m & ((1u << d) - 1)) | ((m >> d) << (d + 1)); }
 
     std::shared_ptr<detail::Storage> storage_;
     std::int64_t offset_ = 0;
@@ -286,8 +301,8 @@ inline Shape infer_shape(Shape shape, std::int64_t numel, std::string_view op, c
             infer = i;
         } else if (shape[i] < 0) {
             fail<ShapeError>(op, "invalid dimension " + std::to_string(shape[i]) + " in " + shape.str(), loc);
-        } else {
-            known *= shape[i];
+        } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+            fail<ShapeError>(op, "shape " + shape.str() + " is too large: the product of its dims overflows int64", loc);
         }
     }
     if (infer >= 0) {
@@ -297,7 +312,7 @@ inline Shape infer_shape(Shape shape, std::int64_t numel, std::string_view op, c
     } else if (known != numel) {
         fail<ShapeError>(op, "shape " + shape.str() + " is invalid for " + std::to_string(numel) + " elements", loc);
     }
-    return shape;
+    return check_shape(shape, 1, op, loc);  // (0, 2^40, 2^40) holds 0 elements but has no int64 strides
 }
 
 /// Strides for viewing (old_shape, old_strides) as new_shape without copying, if possible
@@ -340,13 +355,13 @@ inline Tensor Tensor::view(const Shape& shape, Loc loc) const {
         detail::fail<ShapeError>("view", "cannot view a tensor of shape " + shape_.str() + " and strides " +
                                              strides_.str() + " as " + s.str() +
                                              " without copying; use reshape()", loc);
-    return with_view(s, st, offset_);
+    return with_view(s, st, offset_, fixed() ? (1u << s.rank()) - 1 : 0u);
 }
 
 inline Tensor Tensor::reshape(const Shape& shape, Loc loc) const {
     const Shape s = detail::infer_shape(shape, numel(), "reshape", loc);
     Strides st;
-    if (detail::view_strides(shape_, strides_, s, st)) return with_view(s, st, offset_);
+    if (detail::view_strides(shape_, strides_, s, st)) return with_view(s, st, offset_, fixed() ? (1u << s.rank()) - 1 : 0u);
     return contiguous().view(s, loc);
 }
 
@@ -356,15 +371,17 @@ inline Tensor Tensor::permute(const std::vector<std::int64_t>& dims, Loc loc) co
                                                 std::to_string(rank()), loc);
     Shape s = shape_;
     Strides st = strides_;
-    unsigned seen = 0;
+    unsigned seen = 0, fx = 0;
+    const unsigned old = fixed();
     for (int i = 0; i < rank(); ++i) {
         const int d = detail::normalize_axis(dims[static_cast<std::size_t>(i)], rank(), "permute", loc);
         if (seen & (1u << d)) detail::fail<ShapeError>("permute", "dim " + std::to_string(d) + " repeats", loc);
         seen |= 1u << d;
         s[i] = shape_[d];
         st[i] = strides_[d];
+        fx |= ((old >> d) & 1u) << i;
     }
-    return with_view(s, st, offset_);
+    return with_view(s, st, offset_, fx);
 }
 
 inline Tensor Tensor::transpose(std::int64_t a, std::int64_t b, Loc loc) const {
@@ -374,7 +391,9 @@ inline Tensor Tensor::transpose(std::int64_t a, std::int64_t b, Loc loc) const {
     Strides st = strides_;
     std::swap(s[x], s[y]);
     std::swap(st[x], st[y]);
-    return with_view(s, st, offset_);
+    const unsigned old = fixed();
+    const unsigned fx = (old & ~((1u << x) | (1u << y))) | (((old >> x) & 1u) << y) | (((old >> y) & 1u) << x);
+    return with_view(s, st, offset_, fx);
 }
 
 inline Tensor Tensor::t(Loc loc) const {
@@ -395,7 +414,7 @@ inline Tensor Tensor::slice(std::int64_t axis, std::int64_t start, std::int64_t 
     Strides st = strides_;
     s[d] = e > b ? (e - b + step - 1) / step : 0;
     st[d] = strides_[d] * step;
-    return with_view(s, st, offset_ + b * strides_[d]);
+    return with_view(s, st, offset_ + b * strides_[d], fixed() | (1u << d));
 }
 
 inline Tensor Tensor::select(std::int64_t axis, std::int64_t index, Loc loc) const {
@@ -409,7 +428,7 @@ inline Tensor Tensor::select(std::int64_t axis, std::int64_t index, Loc loc) con
     Strides st = strides_;
     s.erase(d);
     st.erase(d);
-    return with_view(s, st, offset_ + i * strides_[d]);
+    return with_view(s, st, offset_ + i * strides_[d], drop_bit(fixed(), d));
 }
 
 inline Tensor Tensor::expand(const Shape& shape, Loc loc) const {
@@ -426,18 +445,22 @@ inline Tensor Tensor::expand(const Shape& shape, Loc loc) const {
         if (have != s[i] && have != 1)
             detail::fail<ShapeError>("expand", "cannot expand shape " + shape_.str() + " to " + shape.str(), loc);
     }
-    return with_view(s, detail::broadcast_strides(shape_, strides_, s), offset_);
+    detail::check_shape(s, element_size(), "expand", loc);
+    return with_view(s, detail::broadcast_strides(shape_, strides_, s), offset_, fixed() << off);
 }
 
 inline Tensor Tensor::squeeze() const {
     Shape s;
     Strides st;
+    unsigned fx = 0;
+    const unsigned old = fixed();
     for (int i = 0; i < rank(); ++i)
         if (shape_[i] != 1) {
+            fx |= ((old >> i) & 1u) << s.rank();
             s.push_back(shape_[i]);
             st.push_back(strides_[i]);
         }
-    return with_view(s, st, offset_);
+    return with_view(s, st, offset_, fx);
 }
 
 inline Tensor Tensor::squeeze(std::int64_t axis, Loc loc) const {
@@ -448,7 +471,7 @@ inline Tensor Tensor::squeeze(std::int64_t axis, Loc loc) const {
     Strides st = strides_;
     s.erase(d);
     st.erase(d);
-    return with_view(s, st, offset_);
+    return with_view(s, st, offset_, drop_bit(fixed(), d));
 }
 
 inline Tensor Tensor::unsqueeze(std::int64_t axis, Loc loc) const {
@@ -462,7 +485,7 @@ inline Tensor Tensor::unsqueeze(std::int64_t axis, Loc loc) const {
     const std::int64_t stride = d < rank() ? strides_[d] * shape_[d] : 1;
     s.insert(d, 1, loc);
     st.insert(d, stride, loc);
-    return with_view(s, st, offset_);
+    return with_view(s, st, offset_, insert_bit(fixed(), d));
 }
 
 }  // namespace kiln

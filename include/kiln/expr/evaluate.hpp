@@ -65,6 +65,10 @@ template <class T, std::size_t L, std::size_t S, class Op, class... A, std::size
 [[gnu::always_inline]] inline simd::Batch<T> eval_node(const Node<Op, A...>& n, const T* const* lp,
                                                        const simd::Batch<T>* sv, std::int64_t i,
                                                        std::index_sequence<K...>) {
+    if constexpr (std::is_same_v<Op, ops::Add>)
+        if (n.info.dtype == DType::boolean)  // bool + bool: logical or (ops::op_for_dtype)
+            return kiln::detail::apply_op<ops::LogicalOr>(
+                n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
     return kiln::detail::apply_op<Op>(
         n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
 }
@@ -123,7 +127,8 @@ template <std::size_t L, std::size_t S, class Op, class... A>
 Lowered lower(const Node<Op, A...>& n, kiln::detail::TileProgram& p) {
     return [&]<std::size_t... K>(std::index_sequence<K...>) {
         const Lowered kids[] = {lower<L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), p)...};
-        kiln::detail::TileProgram::Instr ins{ops::op_id<Op>, resolve_ct(n.info, {kids[K].ct...}), n.attr, {-1, -1, -1}};
+        kiln::detail::TileProgram::Instr ins{ops::op_for_dtype(ops::op_id<Op>, n.info.dtype), resolve_ct(n.info, {kids[K].ct...}), n.attr,
+                                             {-1, -1, -1}};
         for (std::size_t k = 0; k < sizeof...(K); ++k) ins.in[k] = kids[k].value;
         p.instrs.push_back(ins);
         return Lowered{p.instr_value(static_cast<int>(p.instrs.size() - 1)), static_cast<int>(ins.ct)};
@@ -243,7 +248,7 @@ void evaluate_into(const E& e, const Tensor& out) {
     if (out.device().is_cuda() || cuda::detail::on_cuda(e)) {
         // the statement's kernel writes straight into out when it can (contiguous, same shape and
         // dtype); otherwise into a new tensor that is then converted, broadcast and copied
-        if (out.device().is_cuda() && out.is_contiguous() && e.info.shape == out.shape() && e.info.dtype == out.dtype()) {
+        if (out.device().is_cuda() && e.info.shape == out.shape() && e.info.dtype == out.dtype()) {  // contiguous or a strided view
             (void)cuda::detail::eval_expr(e, std::source_location::current(), &out);
             return;
         }
@@ -252,11 +257,8 @@ void evaluate_into(const E& e, const Tensor& out) {
                              ? v
                              : cuda::detail::eval_expr(make<ops::Cast>(out.dtype(), v.expand(out.shape())),
                                                        std::source_location::current());
-        if (!out.is_contiguous())
-            kiln::detail::fail<DeviceError>("copy_", "writing into a non-contiguous CUDA tensor (shape " + out.shape().str() +
-                                                         ", strides " + out.strides().str() + ") is not supported yet",
-                                            std::source_location::current());
-        cuda::detail::copy_contiguous_into(out, w);
+        if (out.is_contiguous()) cuda::detail::copy_contiguous_into(out, w);
+        else (void)cuda::detail::eval_expr(make<ops::Cast>(out.dtype(), w), std::source_location::current(), &out);
         return;
     }
     kiln::detail::Access oa = kiln::detail::access_of(out, out.shape());
@@ -315,7 +317,7 @@ Tensor eager_eval(const E& e) {
                 }
             }(), ...);
         }, e.args);
-        return run_single_op(ops::op_id<typename E::op>, e.info, e.attr, tensors, is_tensor, scalars);
+        return run_single_op(ops::op_for_dtype(ops::op_id<typename E::op>, e.info.dtype), e.info, e.attr, tensors, is_tensor, scalars);
     }
 }
 
@@ -363,17 +365,13 @@ Tensor& Tensor::assign(const E& e, Loc loc) {
         return copy_(e, loc);
     } else {
         static_assert(TensorExpr<E>, "kiln::Tensor::assign takes a Tensor or a tensor expression");
-        if (is_traced() || trace::any_traced(e)) {
-            // traced programs are functional: the write rebinds this handle to the new value
-            if (!is_traced())
-                detail::fail<ValueError>("assign", "cannot write a traced value into a tensor captured by a traced "
-                                                   "function (return it instead)", loc);
-            Tensor v = trace::record_expr(e, loc);
-            if (!(v.shape() == shape_) || v.dtype() != dtype_)
-                detail::fail<ShapeError>("assign", "in a traced function the value must have the destination's shape "
-                                                   "and dtype: got " + v.shape().str() + " " + std::string(dtype_name(v.dtype())) +
-                                                   " for " + shape_.str() + " " + std::string(dtype_name(dtype_)), loc);
-            return *this = v;
+        if (trace::Tracer* tr = trace::Tracer::active(); is_traced() || trace::any_traced(e) || (tr && tr->records_write_into(*this))) {
+            // inside a traced function a write is recorded (functionalized): the tensor's base
+            // gets a new value, which every view of it sees and the program writes back
+            if (tr == nullptr) detail::fail<Error>("assign", "a tracing tensor was used outside its traced call", loc);
+            if (!e.info.ok()) e.info.raise(loc);
+            tr->write(*this, trace::detail::lower(*tr, e, e.info.ct), loc);
+            return *this;
         }
         if (!e.info.ok()) e.info.raise(loc);
         Shape b;

@@ -17,6 +17,8 @@ struct Group {
         reduce,       ///< one reduction with its elementwise prologue (rows too long for `row`)
         matmul,       ///< a library call
         call,         ///< a library op (Kind::call)
+        write,        ///< a write into a view of a value (Kind::view_write): a copy of the base (or none, in
+                      ///< place), then the value stored into the view
         view,         ///< an alias of a materialized value: no kernel
     } kind;
     std::vector<int> nodes;    ///< nodes computed inside, in topological order
@@ -27,6 +29,8 @@ struct Group {
     DType ct = DType::f32;     ///< row: the compute type of every member
     int bias = -1;             ///< matmul: the leaf added as a per-column bias by the library's epilogue
     int act = -1;              ///< matmul: the activation node the library's epilogue applies last
+    bool in_place = false;     ///< write: stores into its base's memory (the base is a kernel's fresh
+                               ///< output that nothing else reads), so the base is not copied
 
     bool is_kernel() const { return kind != Kind::view; }
 };
@@ -38,6 +42,7 @@ inline const char* group_kind_name(Group::Kind k) {
         case Group::Kind::reduce: return "reduce";
         case Group::Kind::matmul: return "matmul";
         case Group::Kind::call: return "call";
+        case Group::Kind::write: return "write";
         case Group::Kind::view: return "view";
     }
     return "?";
@@ -64,6 +69,21 @@ struct Plan {
 
 namespace detail {
 
+/// Who reads each node of g, and which nodes are program outputs.
+struct Readers {
+    std::vector<std::vector<int>> users;
+    std::vector<char> is_output;
+};
+inline Readers readers_of(const ir::Graph& g) {
+    Readers r;
+    r.users.resize(static_cast<std::size_t>(g.size()));
+    r.is_output.assign(static_cast<std::size_t>(g.size()), 0);
+    for (int i = 0; i < g.size(); ++i)
+        for (int j : g[i].in) r.users[static_cast<std::size_t>(j)].push_back(i);
+    for (int o : g.outputs) r.is_output[static_cast<std::size_t>(o)] = 1;
+    return r;
+}
+
 inline bool aligned_to(const Shape& s, const Shape& space) {
     if (s.rank() > space.rank()) return false;
     for (int d = 0; d < s.rank(); ++d) {
@@ -85,6 +105,18 @@ inline bool per_row(const Shape& s, const Shape& space, unsigned mask) {
     }
     return true;
 }
+/// Whether an elementwise value of shape s can live in a row group over `space`: it is either one
+/// value per row element (the whole space, leading 1s aside) or one value per row (per_row). Any
+/// other shape (a value constant along some kept axis but varying along the reduced ones, say)
+/// has no place to be stored row by row, so such a node runs as a kernel of its own.
+inline bool row_storable(const Shape& s, const Shape& space, unsigned mask) {
+    if (!aligned_to(s, space)) return false;
+    for (int d = 0; d < space.rank(); ++d) {
+        const int k = d - (space.rank() - s.rank());
+        if ((mask & (1u << d)) && k >= 0 && s[k] != 1) return s.numel() == space.numel();
+    }
+    return per_row(s, space, mask);
+}
 inline Shape keep_shape(const Shape& s, unsigned mask) {
     Shape k = s;
     for (int d = 0; d < s.rank(); ++d)
@@ -96,6 +128,76 @@ inline std::int64_t row_length(const Shape& s, unsigned mask) {
     for (int d = 0; d < s.rank(); ++d)
         if (mask & (1u << d)) n *= s[d];
     return n;
+}
+
+/// Multi-output fusion: an elementwise group joins an earlier elementwise group over the same
+/// shape that it reads from or shares a tensor with (Black-Scholes' call and put prices and the
+/// values they share become one kernel with two outputs). The joined group runs at the later
+/// group's place, so no group in between may read the earlier one's outputs; a member stays an
+/// output only while something outside the group reads it, and every output must have the
+/// group's full shape. Groups reading a matmul stay alone (a GEMM library may take them as its
+/// epilogue). Bounded by the limits; searches at most `window` groups back.
+inline void merge_elementwise_groups(const ir::Graph& g, Plan& p, const Limits& lim, int window = 32) {
+    auto sz = [](int i) { return static_cast<std::size_t>(i); };
+    detail::Readers readers = detail::readers_of(g);
+    auto& users = readers.users;
+    auto& is_output = readers.is_output;
+    auto reads_matmul = [&](const Group& G) {
+        for (int l : G.leaves)
+            if (g[l].kind == ir::Kind::matmul) return true;
+        return false;
+    };
+    auto has = [](const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); };
+    std::vector<char> dead(p.groups.size(), 0);
+    for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
+        Group& G = p.groups[gi];
+        if (G.kind != Group::Kind::elementwise || reads_matmul(G)) continue;
+        const Shape space = g[G.outputs[0]].shape;
+        for (std::size_t kk = gi; kk-- > 0 && gi - kk <= static_cast<std::size_t>(window);) {
+            Group& K = p.groups[kk];
+            if (dead[kk] || K.kind != Group::Kind::elementwise || reads_matmul(K) || !(g[K.outputs[0]].shape == space)) continue;
+            bool connected = false;
+            for (int l : G.leaves) connected = connected || has(K.outputs, l) || has(K.leaves, l);
+            if (!connected) continue;
+            bool blocked = false;
+            for (std::size_t j = kk + 1; j < gi && !blocked; ++j)
+                if (!dead[j])
+                    for (int l : p.groups[j].leaves) blocked = blocked || has(K.outputs, l);
+            if (blocked) continue;
+            std::vector<int> nodes = K.nodes;
+            nodes.insert(nodes.end(), G.nodes.begin(), G.nodes.end());
+            std::sort(nodes.begin(), nodes.end());
+            std::vector<int> leaves;
+            for (const Group* X : {&K, &G})
+                for (int l : X->leaves)
+                    if (!has(nodes, l) && !has(leaves, l)) leaves.push_back(l);
+            if (static_cast<int>(nodes.size()) > lim.max_nodes || static_cast<int>(leaves.size()) > lim.max_inputs) continue;
+            std::vector<int> outs;
+            bool storable = true;
+            for (int j : nodes) {
+                bool out = is_output[sz(j)] != 0;
+                for (int u : users[sz(j)]) out = out || !has(nodes, u);
+                if (!out) continue;
+                storable = storable && g[j].shape == space;
+                outs.push_back(j);
+            }
+            if (!storable) continue;
+            for (int j : K.outputs)
+                if (!has(outs, j)) p.materialized[sz(j)] = 0;
+            std::sort(leaves.begin(), leaves.end());
+            G.nodes = std::move(nodes);
+            G.leaves = std::move(leaves);
+            G.outputs = std::move(outs);
+            dead[kk] = 1;
+        }
+    }
+    std::vector<Group> kept;
+    for (std::size_t k = 0; k < p.groups.size(); ++k)
+        if (!dead[k]) kept.push_back(std::move(p.groups[k]));
+    p.groups = std::move(kept);
+    std::fill(p.group_of.begin(), p.group_of.end(), -1);
+    for (std::size_t k = 0; k < p.groups.size(); ++k)
+        for (int j : p.groups[k].nodes) p.group_of[sz(j)] = static_cast<int>(k);
 }
 
 }  // namespace detail
@@ -111,14 +213,10 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     p.group_of.assign(static_cast<std::size_t>(N), -1);
     p.materialized.assign(static_cast<std::size_t>(N), 0);
     std::vector<int> uses = g.use_counts();
-    std::vector<char> is_output(static_cast<std::size_t>(N), 0);
-    for (int o : g.outputs) is_output[static_cast<std::size_t>(o)] = 1;
     auto sz = [](int i) { return static_cast<std::size_t>(i); };
-
-    // users of each node
-    std::vector<std::vector<int>> users(sz(N));
-    for (int i = 0; i < N; ++i)
-        for (int j : g[i].in) users[sz(j)].push_back(i);
+    detail::Readers readers = detail::readers_of(g);  // users of each node, outputs
+    auto& users = readers.users;
+    auto& is_output = readers.is_output;
 
     // 1. row groups: seeded by each reduction whose rows are short enough
     std::vector<int> row_of(sz(N), -1);
@@ -245,6 +343,7 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
                 if (coords && row_of[sz(j)] == gid && g[j].kind == Kind::reduce)
                     coords = detail::per_row(g[j].shape, rows[sz(gid)].space, rows[sz(gid)].mask);
             if (gid < 0 || conflict || !coords || closed[sz(gid)] || !member_ok(i, rows[sz(gid)]) ||
+                !detail::row_storable(n.shape, rows[sz(gid)].space, rows[sz(gid)].mask) ||
                 static_cast<int>(rows[sz(gid)].nodes.size()) >= lim.max_nodes || row_reads(rows[sz(gid)], i) > lim.max_inputs) {
                 close_operands(i);
                 continue;
@@ -277,7 +376,8 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         const ir::Node& n = g[i];
         bool m = false;
         switch (n.kind) {
-            case Kind::input: case Kind::constant: case Kind::view: case Kind::matmul: case Kind::call: case Kind::arg_reduce: m = true; break;
+            case Kind::input: case Kind::constant: case Kind::view: case Kind::matmul: case Kind::call: case Kind::arg_reduce:
+            case Kind::view_write: m = true; break;
             case Kind::scalar: m = false; break;
             case Kind::reduce: m = row_of[sz(i)] < 0 || is_output[sz(i)]; break;
             case Kind::elementwise: m = is_output[sz(i)]; break;
@@ -327,8 +427,8 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         for (int i : G.nodes) {
             if (!p.materialized[sz(i)]) continue;
             const ir::Node& n = g[i];
-            const bool storable = n.shape == G.space || n.shape == keep ||
-                                  (n.kind == Kind::reduce && n.shape.numel() == keep.numel());
+            const bool storable = n.kind == Kind::reduce ? n.shape.numel() == keep.numel()
+                                                         : detail::row_storable(n.shape, G.space, G.mask);
             if (!storable) throw InternalError("kiln: fuser: row member %" + std::to_string(i) + " cannot be stored");
         }
     }
@@ -361,6 +461,7 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         if (n.kind == Kind::view) G.kind = Group::Kind::view;
         else if (n.kind == Kind::matmul) G.kind = Group::Kind::matmul;
         else if (n.kind == Kind::call) G.kind = Group::Kind::call;
+        else if (n.kind == Kind::view_write) G.kind = Group::Kind::write;
         else if (n.kind == Kind::elementwise) G.kind = Group::Kind::elementwise;
         else G.kind = Group::Kind::reduce;
         for (int j = 0; j <= i; ++j)
@@ -374,6 +475,15 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     for (auto& G : p.groups) {
         std::sort(G.leaves.begin(), G.leaves.end());
         G.leaves.erase(std::unique(G.leaves.begin(), G.leaves.end()), G.leaves.end());
+    }
+    detail::merge_elementwise_groups(g, p, lim);
+    for (auto& G : p.groups) {
+        if (G.kind != Group::Kind::write) continue;
+        const int b = g[G.outputs[0]].in[0];
+        const int gb = p.group_of[sz(b)];
+        const auto k = gb >= 0 ? p.groups[sz(gb)].kind : Group::Kind::view;
+        G.in_place = uses[sz(b)] == 1 && !is_output[sz(b)] &&
+                     (k == Group::Kind::elementwise || k == Group::Kind::row || k == Group::Kind::reduce || k == Group::Kind::write);
     }
     return p;
 }
@@ -390,12 +500,9 @@ inline bool is_epilogue_activation(const ir::Graph& g, int act) {
 /// writes the activation's value: one library call, no kernel. Other epilogues stay one kernel.
 inline void absorb_matmul_epilogues(const ir::Graph& g, Plan& p) {
     auto sz = [](int i) { return static_cast<std::size_t>(i); };
-    const int N = g.size();
-    std::vector<std::vector<int>> users(sz(N));
-    for (int i = 0; i < N; ++i)
-        for (int j : g[i].in) users[sz(j)].push_back(i);
-    std::vector<char> is_output(sz(N), 0);
-    for (int o : g.outputs) is_output[sz(o)] = 1;
+    detail::Readers readers = detail::readers_of(g);
+    auto& users = readers.users;
+    auto& is_output = readers.is_output;
     auto only_user = [&](int i) { return !is_output[sz(i)] && users[sz(i)].size() == 1 ? users[sz(i)][0] : -1; };
     std::vector<char> drop(p.groups.size(), 0);
     for (std::size_t k = 0; k < p.groups.size(); ++k) {

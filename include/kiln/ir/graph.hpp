@@ -25,6 +25,8 @@ enum class Kind : std::uint8_t {
     matmul,       ///< matrix product (batch dims broadcast), a library call
     view,         ///< a movement op: a view of its operand in logical (row-major) order
     call,         ///< a library op kiln does not generate code for (conv2d, pooling): runs `Node::call`
+    view_write,   ///< operand 0 with the strided view (`args`, offset `value`, operand 1's shape) of its
+                  ///< row-major layout replaced by operand 1 (same dtype): a write into a view, functionalized
 };
 
 enum class ReduceKind : std::uint8_t { sum, prod, max, min, mean };
@@ -43,6 +45,7 @@ inline const char* kind_name(Kind k) {
         case Kind::matmul: return "matmul";
         case Kind::view: return "view";
         case Kind::call: return "call";
+        case Kind::view_write: return "view_write";
     }
     return "?";
 }
@@ -97,13 +100,14 @@ struct Node {
     double value = 0;
     // reduce / arg_reduce
     ReduceKind rkind = ReduceKind::sum;
-    unsigned mask = 0;           ///< reduced axes of the operand
+    unsigned mask = 0;           ///< reduce: reduced axes of the operand; view, view_write: the view's dims whose extent a
+                                 ///< slice fixed (they never follow a dynamic dim)
     bool keepdim = false;
     bool arg_max = true;
     double correction = 0;       ///< mean: sum / max(0, count - correction)
     // view
     ViewKind vkind = ViewKind::as_strided;
-    Dims args;                   ///< view: strides over the operand's row-major layout (offset in `value`)
+    Dims args;                   ///< view, view_write: strides over the (base) operand's row-major layout (offset in `value`)
     // input
     int index = -1;
     // constant

@@ -41,10 +41,11 @@ inline std::uint64_t node_hash(const Node& n) {
         case Kind::call:
             for (char c : n.call->key) h = hash_mix(h, static_cast<std::uint64_t>(static_cast<unsigned char>(c)));
             break;
-        case Kind::view:
+        case Kind::view: case Kind::view_write:
             for (auto a : n.args) h = hash_mix(h, static_cast<std::uint64_t>(a));
             for (auto d : n.shape) h = hash_mix(h, static_cast<std::uint64_t>(d));
             h = hash_mix(h, std::bit_cast<std::uint64_t>(n.value));
+            h = hash_mix(h, n.mask);
             break;
     }
     return h;

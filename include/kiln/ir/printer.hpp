@@ -34,10 +34,19 @@ inline std::string describe(const Graph& g, int id) {
             break;
         case Kind::matmul: s << "matmul("; args(); s << ")"; break;
         case Kind::call: s << n.call->key << "("; args(); s << ")"; break;
+        case Kind::view_write:
+            s << "view_write(";
+            args();
+            s << ", strides=" << n.args.str() << ", offset=" << static_cast<std::int64_t>(n.value);
+            if (n.mask) s << ", fixed=0x" << std::hex << n.mask << std::dec;
+            s << ")";
+            break;
         case Kind::view:
             s << "view(";
             args();
-            s << ", strides=" << n.args.str() << ", offset=" << static_cast<std::int64_t>(n.value) << ")";
+            s << ", strides=" << n.args.str() << ", offset=" << static_cast<std::int64_t>(n.value);
+            if (n.mask) s << ", fixed=0x" << std::hex << n.mask << std::dec;
+            s << ")";
             break;
     }
     return s.str();

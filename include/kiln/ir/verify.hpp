@@ -36,9 +36,16 @@ inline void verify(const Graph& g, const std::string& after = "trace") {
             }
             case Kind::reduce: case Kind::arg_reduce: case Kind::view:
                 if (n.in.size() != 1) bad(i, "needs one operand");
+                else if (g[n.in[0]].kind == Kind::scalar) bad(i, "reads a number as a tensor");
                 break;
             case Kind::matmul:
                 if (n.in.size() != 2) bad(i, "needs two operands");
+                break;
+            case Kind::view_write:
+                if (n.in.size() != 2) bad(i, "needs two operands");
+                else if (g[n.in[0]].kind == Kind::scalar || g[n.in[1]].kind == Kind::scalar) bad(i, "reads a number as a tensor");
+                else if (!(g[n.in[0]].shape == n.shape) || g[n.in[0]].dtype != n.dtype || g[n.in[1]].dtype != n.dtype)
+                    bad(i, "must keep its base's shape and dtype and write a value of that dtype");
                 break;
             case Kind::call:
                 if (!n.call || !n.call->run || !n.call->shape) bad(i, "is a call without an op");

@@ -263,7 +263,7 @@ inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, 
     const bool is_relu = act == Act::relu, epilogue = bp || zp || is_relu;
     using cuda::cudnn::FusedEpilogues;
     const FusedEpilogues mode = cuda::cudnn::fused_epilogues();
-    const bool capturing = cuda::cudnn::capturing(cuda::current_stream(xx.device().index));
+    const bool capturing = cuda::capturing(cuda::current_stream(xx.device().index));
     if (epilogue && (mode == FusedEpilogues::always || (mode == FusedEpilogues::capture && capturing)) &&
         cuda::cudnn::conv2d_forward(xc, wl, bp, zp, is_relu, cp, y))
         return y;

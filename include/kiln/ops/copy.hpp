@@ -13,6 +13,12 @@ namespace kiln {
 // transfer never needs a device kernel unless a CUDA side is strided. Between two CUDA devices
 // the data goes through the host (no peer-to-peer copies yet).
 inline Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
+    if (trace::Tracer* tr = trace::Tracer::active();
+        is_traced() || src.is_traced() || (tr && tr->records_write_into(*this) && src.device() == device())) {
+        if (tr == nullptr) detail::fail<Error>("copy_", "a tracing tensor was used outside its traced call", loc);
+        tr->write(*this, tr->node_of(src), loc, "copy_");  // recorded, like assign
+        return *this;
+    }
     Shape b;
     if (!detail::try_broadcast(src.shape(), shape_, b) || !(b == shape_))
         detail::fail<ShapeError>("copy_", "cannot copy a tensor of shape " + src.shape().str() +
@@ -55,6 +61,7 @@ inline Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
 }
 
 inline Tensor Tensor::clone() const {
+    if (traced_) return trace::copy(*this, std::source_location::current());
     Tensor out(shape_, dtype_, device());
     out.copy_(*this);
     return out;
@@ -68,7 +75,7 @@ inline Tensor Tensor::to(DType dtype, Loc loc) const {
 }
 
 inline Tensor Tensor::to(Device device, Loc loc) const {
-    if (traced_) return trace::materialize(*this, loc).to(device, loc);
+    if (traced_) return device == this->device() ? *this : trace::materialize(*this, loc).to(device, loc);
     const Device from = this->device();
     if (device == from) return *this;
     if (from.is_cuda() && device.is_cuda()) return cpu(loc).to(device, loc);
@@ -84,6 +91,12 @@ inline Tensor Tensor::cpu(Loc loc) const { return to(Device::cpu(), loc); }
 inline Tensor Tensor::cuda(int index, Loc loc) const { return to(Device::cuda(index), loc); }
 
 inline Tensor& Tensor::fill_(Scalar value) {
+    if (trace::Tracer* tr = trace::Tracer::active(); is_traced() || (tr && tr->records_write_into(*this))) {
+        const std::source_location loc = std::source_location::current();
+        if (tr == nullptr) detail::fail<Error>("fill_", "a tracing tensor was used outside its traced call", loc);
+        tr->write(*this, tr->scalar(value.value, compute_dtype(dtype_)), loc, "fill_");
+        return *this;
+    }
     if (numel() == 0) return *this;
     if (device().is_cuda()) {
         if (cuda::detail::is_dense(*this)) {

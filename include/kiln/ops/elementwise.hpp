@@ -47,6 +47,9 @@ inline constexpr detail::OpFn<ops::Sub> sub{};
 inline constexpr detail::OpFn<ops::Mul> mul{};
 inline constexpr detail::OpFn<ops::Div> div{};
 inline constexpr detail::OpFn<ops::Pow> pow{};
+inline constexpr detail::OpFn<ops::Remainder> remainder{};     ///< a % b with the sign of b (torch.remainder, Python's %)
+inline constexpr detail::OpFn<ops::Fmod> fmod{};               ///< C's fmod: the sign of a (torch.fmod)
+inline constexpr detail::OpFn<ops::FloorDivide> floor_divide{}; ///< floor(a / b) (torch.floor_divide, Python's //)
 inline constexpr detail::OpFn<ops::Maximum> maximum{};
 inline constexpr detail::OpFn<ops::Minimum> minimum{};
 inline constexpr detail::OpFn<ops::Eq> eq{};
@@ -73,6 +76,8 @@ template <class A, class B> requires BinaryOperands<A, B> auto operator+(const A
 template <class A, class B> requires BinaryOperands<A, B> auto operator-(const A& a, const B& b) { return sub(a, b); }
 template <class A, class B> requires BinaryOperands<A, B> auto operator*(const A& a, const B& b) { return mul(a, b); }
 template <class A, class B> requires BinaryOperands<A, B> auto operator/(const A& a, const B& b) { return div(a, b); }
+/// torch's %: remainder, with the sign of the divisor (not C++'s truncating %).
+template <class A, class B> requires BinaryOperands<A, B> auto operator%(const A& a, const B& b) { return remainder(a, b); }
 template <class A, class B> requires BinaryOperands<A, B> auto operator==(const A& a, const B& b) { return eq(a, b); }
 template <class A, class B> requires BinaryOperands<A, B> auto operator!=(const A& a, const B& b) { return ne(a, b); }
 template <class A, class B> requires BinaryOperands<A, B> auto operator<(const A& a, const B& b) { return lt(a, b); }
@@ -87,7 +92,7 @@ template <class A> requires (Operand<A> && !std::is_arithmetic_v<A>) auto operat
 
 namespace expr {
 // expression nodes live here, so argument-dependent lookup must find the operators here too
-using kiln::operator+, kiln::operator-, kiln::operator*, kiln::operator/, kiln::operator==, kiln::operator!=,
+using kiln::operator+, kiln::operator-, kiln::operator*, kiln::operator/, kiln::operator%, kiln::operator==, kiln::operator!=,
     kiln::operator<, kiln::operator<=, kiln::operator>, kiln::operator>=, kiln::operator&, kiln::operator|,
     kiln::operator!;
 }  // namespace expr

@@ -1,4 +1,4 @@
-// Row-wise composites: softmax, log_softmax and layer_norm, written with reductions and expressions.
+// Row-wise composites: softmax, log_softmax, layer_norm, rms_norm and one_hot, written with reductions and expressions.
 #pragma once
 
 #include <optional>
@@ -10,6 +10,7 @@ namespace kiln {
 
 /// exp(x - max) / sum(exp(x - max)) along axis.
 template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("softmax", loc);
     const Tensor m = max(x, axis, true, loc);
     const Tensor s = sum(exp(x - m), axis, true, loc);
     return Tensor(exp(x - m) / s, loc);
@@ -17,6 +18,7 @@ template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = 
 
 /// x - max - log(sum(exp(x - max))) along axis.
 template <class X> Tensor log_softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("log_softmax", loc);
     const Tensor m = max(x, axis, true, loc);
     const Tensor lse = Tensor(log(sum(exp(x - m), axis, true, loc)) + m, loc);
     return Tensor(x - lse, loc);
@@ -27,6 +29,7 @@ template <class X> Tensor log_softmax(const X& x, std::int64_t axis = -1, Loc lo
 template <class X>
 Tensor layer_norm(const X& x, int normalized_dims = 1, const Tensor& weight = {}, const Tensor& bias = {},
                   double eps = 1e-5, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("layer_norm", loc);
     const Shape& s = detail::operand_shape(x);
     if (normalized_dims < 1 || normalized_dims > s.rank())
         detail::fail<ShapeError>("layer_norm", "cannot normalize the last " + std::to_string(normalized_dims) +
@@ -47,6 +50,68 @@ Tensor layer_norm(const X& x, int normalized_dims = 1, const Tensor& weight = {}
     if (weight.defined()) return Tensor((x - mu) * rstd * weight, loc);
     if (bias.defined()) return Tensor((x - mu) * rstd + bias, loc);
     return Tensor((x - mu) * rstd, loc);
+}
+
+
+/// x * rsqrt(mean(x^2 over the trailing dims given by normalized_shape) + eps), times weight when
+/// given (torch.nn.functional.rms_norm). eps left empty is the machine epsilon of x's dtype, as
+/// torch's eps=None (float32: 1.19e-7). f16/bf16 inputs take their statistic in float32; the
+/// result has the dtype x and weight promote to.
+template <class X>
+Tensor rms_norm(const X& x, const Shape& normalized_shape, const Tensor& weight = {}, std::optional<double> eps = {},
+                Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("rms_norm", loc);
+    const Shape& s = detail::operand_shape(x);
+    const DType dt = detail::operand_dtype(x);
+    if (!is_floating(dt))
+        detail::fail<DTypeError>("rms_norm", "needs a floating dtype, got " + std::string(dtype_name(dt)), loc);
+    const int nd = normalized_shape.rank();
+    bool ok = nd >= 1 && nd <= s.rank();
+    for (int d = 0; ok && d < nd; ++d) ok = normalized_shape[d] == s[s.rank() - nd + d];
+    if (!ok)
+        detail::fail<ShapeError>("rms_norm", "normalized_shape " + normalized_shape.str() +
+                                                 " does not match the trailing dims of " + s.str(), loc);
+    if (weight.defined() && !(weight.shape() == normalized_shape))
+        detail::fail<ShapeError>("rms_norm", "weight of shape " + weight.shape().str() + " does not match normalized_shape " +
+                                                 normalized_shape.str(), loc);
+    if (weight.defined() && !is_floating(weight.dtype()))
+        detail::fail<DTypeError>("rms_norm", "weight must be floating, got " + std::string(dtype_name(weight.dtype())), loc);
+    const double e = eps ? *eps : dt == DType::f64 ? 0x1p-52 : dt == DType::f16 ? 0x1p-10 : dt == DType::bf16 ? 0x1p-7 : 0x1p-23;
+    std::vector<std::int64_t> axes;
+    for (int d = s.rank() - nd; d < s.rank(); ++d) axes.push_back(d);
+    const DType st = dt == DType::f64 ? DType::f64 : DType::f32;  // the statistic's dtype
+    const Tensor rstd = Tensor(rsqrt(mean(square(cast(x, st)), axes, true, loc) + e), loc);
+    const DType out = weight.defined() ? promote_types(dt, weight.dtype()) : dt;
+    if (weight.defined()) return Tensor(cast(x * rstd * weight, out), loc);
+    return Tensor(cast(x * rstd, out), loc);
+}
+
+/// Class indices as one-hot rows: int64 of shape indices.shape + (num_classes,), 1 at each index
+/// (torch.nn.functional.one_hot). num_classes = -1 takes max(indices) + 1. Indices must be integers
+/// in [0, num_classes): checked here (ValueError naming the value), except when the indices are
+/// traced by kiln::compile with num_classes given, where reading them would break the graph: there
+/// an index out of range gives a row of zeros.
+inline Tensor one_hot(const Tensor& indices, std::int64_t num_classes = -1, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("one_hot", loc);
+    if (!is_integral(indices.dtype()))
+        detail::fail<DTypeError>("one_hot", "needs integer class indices, got " + std::string(dtype_name(indices.dtype())), loc);
+    if (num_classes < -1 || num_classes == 0)
+        detail::fail<ValueError>("one_hot", "num_classes must be positive or -1, got " + std::to_string(num_classes), loc);
+    if (!indices.is_traced() || num_classes < 0) {
+        if (indices.numel() == 0) {
+            if (num_classes < 0) detail::fail<ValueError>("one_hot", "cannot infer num_classes from an empty tensor", loc);
+        } else {
+            const auto lo = min(indices, {}, false, loc).item<std::int64_t>(loc);
+            const auto hi = max(indices, {}, false, loc).item<std::int64_t>(loc);
+            if (lo < 0) detail::fail<ValueError>("one_hot", "class index " + std::to_string(lo) + " is negative", loc);
+            if (num_classes < 0) num_classes = hi + 1;
+            else if (hi >= num_classes)
+                detail::fail<ValueError>("one_hot", "class index " + std::to_string(hi) + " is out of range for num_classes " +
+                                                        std::to_string(num_classes), loc);
+        }
+    }
+    const Tensor classes = arange(0, static_cast<double>(num_classes), 1, DType::i64, detail::leaf_device(indices), loc);
+    return Tensor(cast(indices.unsqueeze(-1, loc) == classes, DType::i64), loc);
 }
 
 }  // namespace kiln

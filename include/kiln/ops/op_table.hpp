@@ -189,6 +189,13 @@ private:
     }
 };
 
+/// A copy into memory of its own: clone() inside kiln::compile. The identity the passes keep (a
+/// cast to the same dtype is removed), so a clone the program returns never aliases its source.
+struct Copy : OpTraits<1, DTypeRule::same> {
+    static constexpr std::string_view name = "copy", cuda = "({0})";
+    template <class V> static V eval(V x) { return x; }
+};
+
 // ---------------------------------------------------------------- binary
 struct Add : OpTraits<2, DTypeRule::same> {
     static constexpr std::string_view name = "add", cuda = "(({0}) + ({1}))";
@@ -209,6 +216,23 @@ struct Div : OpTraits<2, DTypeRule::float_math> {  // true division
 struct Pow : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "pow", cuda = "pow({0}, {1})";
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::pow(a, b); }
+};
+/// torch.remainder / Python's %: a - floor(a / b) * b, with the sign of the divisor. Integer x % 0
+/// is 0 (torch raises ZeroDivisionError; a kernel cannot, so it follows numpy).
+struct Remainder : OpTraits<2, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "remainder", cuda = "kiln_remainder({0}, {1})";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::remainder(a, b); }
+};
+/// torch.fmod / C's fmod: a - trunc(a / b) * b, with the sign of the dividend. Integer fmod(x, 0) is 0.
+struct Fmod : OpTraits<2, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "fmod", cuda = "kiln_fmod({0}, {1})";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::fmod(a, b); }
+};
+/// torch.floor_divide / Python's //: the floor of the true quotient (integers round toward -inf).
+/// Integer x // 0 is 0 (torch raises ZeroDivisionError); INT_MIN // -1 wraps to INT_MIN.
+struct FloorDivide : OpTraits<2, DTypeRule::same, 0b110> {
+    static constexpr std::string_view name = "floor_divide", cuda = "kiln_floor_divide({0}, {1})";
+    template <class V> static V eval(V a, V b) { return kiln::detail::simd::floor_divide(a, b); }
 };
 struct Maximum : OpTraits<2, DTypeRule::same> {  // NaN-propagating, like torch.maximum
     static constexpr std::string_view name = "maximum", cuda = "kiln_max({0}, {1})";
@@ -264,8 +288,8 @@ template <class... Ops> struct OpList {
 
 /// Every primitive elementwise op. Adding one: a struct above and an entry here.
 using ElementwiseOps = OpList<Neg, Abs, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Sigmoid, GeluTanh, Relu,
-                              Floor, Ceil, Round, Sign, Reciprocal, LogicalNot, Cast, Add, Sub, Mul, Div, Pow, Maximum,
-                              Minimum, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, Where>;
+                              Floor, Ceil, Round, Sign, Reciprocal, LogicalNot, Cast, Copy, Add, Sub, Mul, Div, Pow, Remainder,
+                              Fmod, FloorDivide, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, Where>;
 
 /// Runtime id of an op: its position in ElementwiseOps.
 using OpId = std::uint8_t;
@@ -321,6 +345,13 @@ inline DTypeRule op_rule(OpId id) {
 }
 inline unsigned op_allowed_categories(OpId id) {
     return visit_op(id, [](auto t) { return decltype(t)::type::allowed_categories; });
+}
+
+/// The op that computes `op` for a result of this dtype: bool + bool is a logical or in torch
+/// (True + True is True), while bools compute as 0/1 integers, where 1 + 1 is 2. Every evaluator
+/// (fused loops, tile programs, eager, lowering to IR) runs add of a bool result as logical_or.
+inline OpId op_for_dtype(OpId op, DType dtype) {
+    return op == op_id<Add> && dtype == DType::boolean ? op_id<LogicalOr> : op;
 }
 
 }  // namespace kiln::ops

@@ -128,12 +128,21 @@ Tensor arg_reduce(const X& x, std::optional<std::int64_t> axis, bool keepdim, co
     return out;
 }
 
-inline std::int64_t reduced_count(const Shape& s, const Axes& axes, std::string_view op, const std::source_location& loc) {
+/// sum(x, axes) / max(0, n - correction), n the number of elements reduced. Traced, it is one
+/// mean node, so a dim that becomes dynamic divides by its size at run time, not the traced one.
+template <class X>
+Tensor mean_reduce(const X& x, const Axes& axes, bool keepdim, double correction, std::string_view op, const std::source_location& loc) {
+    const auto e = as_expr(x);
+    if (!e.info.ok()) e.info.raise(loc);
+    const Shape& s = e.info.shape;
     const unsigned mask = reduce_mask(axes, s.rank(), op, loc);
+    if (trace::any_traced(e))
+        return trace::record_reduce(e, ir::Kind::reduce, ir::ReduceKind::mean, true, mask, keepdim, reduced_shape(s, mask, keepdim),
+                                    e.info.dtype, loc, correction);
     std::int64_t n = 1;
     for (int d = 0; d < s.rank(); ++d)
         if (mask & (1u << d)) n *= s[d];
-    return n;
+    return Tensor(reduce<ops::SumR>(e, axes, keepdim, loc) / std::max(0.0, static_cast<double>(n) - correction), loc);
 }
 
 template <class X> DType operand_dtype(const X& x) {
@@ -175,25 +184,27 @@ template <class X> Tensor argmin(const X& x, std::optional<std::int64_t> axis = 
 }
 /// Mean over axes; floating dtypes only, like torch.
 template <class X> Tensor mean(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("mean", loc);
     const DType d = detail::operand_dtype(x);
     if (!is_floating(d))
         detail::fail<DTypeError>("mean", "needs a floating dtype, got " + std::string(dtype_name(d)) +
                                              " (cast first, e.g. kiln::cast(x, kiln::DType::f32))", loc);
-    const std::int64_t n = detail::reduced_count(detail::operand_shape(x), axes, "mean", loc);
-    return Tensor(sum(x, axes, keepdim, loc) / static_cast<double>(n), loc);
+    return detail::mean_reduce(x, axes, keepdim, 0.0, "mean", loc);
 }
 /// Variance over axes with Bessel's correction by default (torch.var(correction=1)).
 template <class X> Tensor var(const X& x, const Axes& axes = {}, bool keepdim = false, double correction = 1, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("var", loc);
     const Tensor m = mean(x, axes, true, loc);
-    const std::int64_t n = detail::reduced_count(detail::operand_shape(x), axes, "var", loc);
-    return Tensor(sum(square(x - m), axes, keepdim, loc) / std::max(0.0, static_cast<double>(n) - correction), loc);
+    return detail::mean_reduce(square(x - m), axes, keepdim, correction, "var", loc);
 }
 /// Standard deviation over axes: sqrt(var).
 template <class X> Tensor std(const X& x, const Axes& axes = {}, bool keepdim = false, double correction = 1, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("std", loc);
     return Tensor(sqrt(var(x, axes, keepdim, correction, loc)), loc);
 }
 /// log(sum(exp(x))) over axes, computed stably around the maximum.
 template <class X> Tensor logsumexp(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
+    const detail::UserOpScope scope("logsumexp", loc);
     const Tensor m = max(x, axes, true, loc);
     const Tensor shift = Tensor(where(abs(m) == std::numeric_limits<double>::infinity(), 0.0, m), loc);
     Tensor r = Tensor(log(sum(exp(x - shift), axes, true, loc)) + shift, loc);

@@ -8,11 +8,18 @@
 namespace kiln::passes {
 
 /// Replaces each elementwise node whose operands are all scalar nodes by a scalar node holding
-/// its value, computed by the op table in the node's compute type (as the kernel would).
+/// its value, computed by the op table in the node's compute type (as the kernel would). A node
+/// that a view or another non-elementwise node reads stays (it is a 0-d tensor there: a number
+/// filling a slice, say).
 inline ir::Graph fold_constants(ir::Graph g) {
+    std::vector<char> tensor_use(static_cast<std::size_t>(g.size()), 0);
+    for (const ir::Node& n : g.nodes)
+        if (n.kind != ir::Kind::elementwise)
+            for (int j : n.in) tensor_use[static_cast<std::size_t>(j)] = 1;
+    for (int o : g.outputs) tensor_use[static_cast<std::size_t>(o)] = 1;
     for (int i = 0; i < g.size(); ++i) {
         ir::Node& n = g[i];
-        if (n.kind != ir::Kind::elementwise || n.in.empty() || n.shape.rank() != 0) continue;
+        if (n.kind != ir::Kind::elementwise || n.in.empty() || n.shape.rank() != 0 || tensor_use[static_cast<std::size_t>(i)]) continue;
         bool all = true;
         for (int j : n.in) all = all && g[j].kind == ir::Kind::scalar;
         if (!all) continue;

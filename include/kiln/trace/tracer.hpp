@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -24,13 +25,34 @@ namespace trace {
 
 class Tracer;
 
-/// A value of the graph being traced: the node that computes it in the current segment, or,
-/// after a graph break ran that segment, the concrete tensor it turned out to be.
-struct Value {
+/// The memory a traced tensor views: the current value of a whole logical tensor (row-major, its
+/// own shape and dtype), standing for storage. Every traced Tensor handle is a strided view
+/// (shape, strides, offset over the base's row-major layout) of one base, like an eager tensor of
+/// its storage. A write into any view makes a new value of the base (functionalization: a write is
+/// a graph node, the graph stays pure); every view sees it, because a view's node is re-derived
+/// from the base's current node when the base's version changed.
+struct Base {
     std::uint64_t tracer = 0;  ///< id of the tracer that made it (ids are never reused, addresses are)
-    int segment = 0;  ///< segment the node id belongs to
-    int node = -1;
-    Tensor concrete;  ///< set when a graph break materialized the value
+    int segment = -1;          ///< segment `node` belongs to
+    int node = -1;             ///< the current value's node
+    int own_node = -1;         ///< the input (or constant) node that is this base's own memory in `segment`, if any
+    int version = 0;           ///< bumped by every write
+    Shape shape;
+    DType dtype = DType::f32;
+    Device device;    ///< where the value lives: where its inputs and captured tensors do
+    Tensor concrete;  ///< the current value once a graph break ran the segment that computed it
+    int arg = -1;     ///< flat index of the argument this base is: written back into it after the call
+    Tensor target;    ///< concrete memory outside the trace this base stands for: written back into it
+    bool outside = false;  ///< target existed before the trace (so the program writes it back on every call)
+    bool dirty = false;    ///< written since the last write-back
+};
+
+/// What a traced Tensor handle holds: its base, and the node of its view for the base's version.
+struct Value {
+    std::uint64_t tracer = 0;
+    std::shared_ptr<Base> base;
+    unsigned fixed = 0;  ///< dims whose extent a slice fixed (Tensor::with_view)
+    int segment = -1, node = -1, version = -1;
 };
 
 /// One graph break: where it happened and why.
@@ -39,17 +61,29 @@ struct Break {
     std::string reason;
 };
 
+/// A traced write the program must apply to memory outside it after it runs: the final value's
+/// node and where it goes (argument `arg`, or the concrete `target`).
+struct WriteBack {
+    int node = -1;
+    int arg = -1;
+    Tensor target;
+};
+
 /// Records ops into a graph. A graph break runs the graph recorded so far (through `run_segment`,
-/// supplied by kiln::compile), binds every live traced value to its concrete tensor and starts a
-/// new segment whose inputs are those tensors.
+/// supplied by kiln::compile), binds every live base to its concrete tensor, applies the writes
+/// made so far to memory outside the trace, and starts a new segment whose inputs are those tensors.
 class Tracer {
 public:
     /// Runs a segment: the graph and the concrete tensors of its inputs; returns its outputs.
     using SegmentRunner = std::function<std::vector<Tensor>(const ir::Graph&, const std::vector<Tensor>&)>;
 
-    Tracer(SegmentRunner run, bool fullgraph) : run_(std::move(run)), fullgraph_(fullgraph), id_(next_id()) {}
+    Tracer(SegmentRunner run, bool fullgraph) : run_(std::move(run)), fullgraph_(fullgraph), id_(next_id()),
+                                                first_storage_(kiln::detail::Storage::next_serial()) {}
     Tracer(const Tracer&) = delete;
     Tracer& operator=(const Tracer&) = delete;
+    ~Tracer() {
+        if (hooked_) kiln::detail::pending_writes_hook() = nullptr;
+    }
 
     /// The tracer of this thread's traced call, or nullptr.
     static Tracer*& active() {
@@ -63,43 +97,68 @@ public:
     const std::vector<Break>& breaks() const { return breaks_; }
     int segment() const { return segment_; }
 
-    /// A new graph input bound to `concrete` (a call argument or a value from an earlier segment).
-    Tensor input(const Tensor& concrete) {
-        ir::Node n;
-        n.kind = ir::Kind::input;
-        n.dtype = concrete.dtype();
-        n.shape = concrete.shape();
-        n.index = static_cast<int>(inputs_.size());
-        const int id = graph_.add(std::move(n));
-        graph_.inputs.push_back(id);
-        inputs_.push_back(concrete);
-        return make(id);
+    /// A new graph input bound to `concrete`; `arg` >= 0: the flat argument it is (its base is
+    /// written back into that argument when the function writes into it).
+    Tensor input(const Tensor& concrete, int arg = -1) {
+        auto b = new_base(input_node(concrete), concrete.shape(), concrete.dtype());
+        b->own_node = b->node;
+        if (arg >= 0) {
+            b->arg = arg;
+            b->target = concrete;
+            b->outside = true;
+            pinned_.push_back(b);
+        }
+        return view_of(b, b->shape, contiguous_strides(b->shape), 0);
     }
 
-    /// A tracing tensor for node `id` of the current segment.
+    /// A tracing tensor for node `id` of the current segment (a new value: its own base).
     Tensor make(int id) {
-        auto v = std::make_shared<Value>();
-        v->tracer = id_;
-        v->segment = segment_;
-        v->node = id;
-        live_.push_back(v);
         const ir::Node& n = graph_[id];
-        return Tensor::make_traced(std::move(v), n.shape, n.dtype);
+        auto b = new_base(id, n.shape, n.dtype);
+        return view_of(b, b->shape, contiguous_strides(b->shape), 0);
     }
 
-    /// The node that stands for t in the current segment (adding an input or constant if needed).
+    /// A traced view of t's base (a movement op on a tracing tensor). Its node is made now, as
+    /// every op's is (and again when a write gives the base a new value).
+    Tensor view(const Tensor& t, const Shape& shape, const Strides& strides, std::int64_t offset, unsigned fixed) {
+        const Tensor v = view_of(checked(t)->base, shape, strides, offset, fixed);
+        (void)node_of(v);
+        return v;
+    }
+
+    /// A traced copy of t (clone, contiguous): a new base holding a copy of t's current value, in
+    /// memory of its own when it leaves the program (ops::Copy, which passes keep).
+    Tensor copy(const Tensor& t) {
+        ir::Node n;
+        n.kind = ir::Kind::elementwise;
+        n.op = ops::op_id<ops::Copy>;
+        n.dtype = n.attr = t.dtype();
+        n.ct = cast_compute_dtype(t.dtype(), t.dtype());
+        n.shape = t.shape();
+        n.in = {node_of(t)};
+        return make(graph_.add(std::move(n)));
+    }
+
+    /// The node that stands for t in the current segment (adding an input, constant or view if needed).
     int node_of(const Tensor& t) {
-        if (const auto& v = t.traced_value()) {
-            if (v->tracer != id_)
-                throw Error("kiln::compile: a tracing tensor escaped its traced call (stored outside the function?)");
-            if (v->segment == segment_) return v->node;
-            // materialized by a graph break: an input of this segment, once
-            auto it = carried_.find(v.get());
-            if (it != carried_.end()) return it->second;
-            const Tensor in = input(v->concrete);
-            const int id = in.traced_value()->node;
-            carried_[v.get()] = id;
-            return id;
+        if (t.is_traced()) {
+            Value& v = *checked(t);
+            Base& b = *v.base;
+            current(b);
+            if (identity(t, b) && v.fixed == 0) return b.node;
+            if (v.segment == segment_ && v.version == b.version && v.node >= 0) return v.node;
+            v.node = view_node(b.node, t.shape(), t.strides(), t.offset(), b.dtype, v.fixed);
+            v.segment = segment_;
+            v.version = b.version;
+            return v.node;
+        }
+        // memory the function wrote into earlier in this trace: a view of its current value
+        if (auto b = written_storage(t)) {
+            if (b->dtype == t.dtype()) {
+                current(*b);
+                return view_node(b->node, t.shape(), t.strides(), t.offset(), b->dtype);
+            }
+            flush_for_break(std::source_location::current(), "a read of memory written with another dtype");
         }
         // a tensor captured by the function (weights): bound by handle, read at run time
         for (int id : constants_)
@@ -122,46 +181,300 @@ public:
         return graph_.add(std::move(n));
     }
 
-    /// Graph break: runs the current segment and returns the concrete tensor t stands for.
-    Tensor materialize(const Tensor& t, const std::source_location& loc, const std::string& reason) {
-        if (fullgraph_)
-            kiln::detail::fail<GraphBreakError>("compile", "graph break (" + reason + ") with fullgraph = true", loc);
-        breaks_.push_back({loc, reason});
-        flush();
-        return t.traced_value()->concrete;
+    /// Whether a write into dst must be recorded (functionalized) rather than done at once: dst is
+    /// traced, or it is memory from outside the trace (a captured tensor: the program writes it on
+    /// every call), or memory the trace already wrote into.
+    bool records_write_into(const Tensor& dst) const {
+        if (dst.is_traced()) return true;
+        if (!dst.storage()) return false;
+        return dst.storage()->serial() < first_storage_ || storage_bases_.count(dst.storage().get()) != 0;
     }
 
-    /// Runs the current segment with every live value as an output; binds the values.
+    /// dst = value (node `value`, broadcast to dst's shape and converted to its dtype), recorded as
+    /// a new value of dst's base: the value itself when dst is the whole base, otherwise the base
+    /// with dst's elements replaced (a view_write node).
+    void write(const Tensor& dst, int value, const std::source_location& loc, std::string_view op = "assign") {
+        const ir::Node& vn = graph_[value];
+        Shape b;
+        if (!kiln::detail::try_broadcast(vn.shape, dst.shape(), b) || !(b == dst.shape()))
+            kiln::detail::fail<ShapeError>(op, "cannot write a value of shape " + vn.shape.str() + " into a tensor of shape " +
+                                                   dst.shape().str(), loc);
+        std::shared_ptr<Base> base;
+        if (dst.is_traced()) {
+            base = checked(dst)->base;
+        } else {
+            base = storage_base(dst);
+            if (!base || base->dtype != dst.dtype()) {  // memory viewed with two dtypes: write it now
+                const Tensor v = make(value);
+                flush_for_break(loc, "a write into memory viewed with another dtype");
+                const Tensor c = concrete_of(v);
+                const Untraced untraced;
+                Tensor(dst).copy_(c, loc);
+                return;
+            }
+        }
+        current(*base);
+        // the value as dst's dtype and shape
+        int v = value;
+        if (graph_[v].kind == ir::Kind::scalar || graph_[v].dtype != dst.dtype()) {
+            ir::Node c;
+            c.kind = ir::Kind::elementwise;
+            c.op = ops::op_id<ops::Cast>;
+            c.dtype = c.attr = dst.dtype();
+            c.ct = cast_compute_dtype(graph_[v].kind == ir::Kind::scalar ? dst.dtype() : graph_[v].dtype, dst.dtype());
+            c.shape = graph_[v].shape;
+            c.in = {v};
+            c.loc = loc;
+            if (graph_[v].kind == ir::Kind::scalar) graph_[v].dtype = c.ct;
+            v = graph_.add(std::move(c));
+        }
+        const bool broadcast = !(graph_[v].shape == dst.shape());
+        if (broadcast) {
+            const Shape& s = graph_[v].shape;
+            v = view_node(v, dst.shape(), kiln::detail::broadcast_strides(s, contiguous_strides(s), dst.shape()), 0, dst.dtype());
+        }
+        // a broadcast value keeps its view_write even over the whole base: the broadcast's shape is
+        // dst's at trace time, and the view_write is where a dynamic program sees whether it still fits
+        if (identity(dst, *base) && !broadcast && !(dst.is_traced() && checked(dst)->fixed)) {
+            base->node = v;
+        } else {
+            ir::Node w;
+            w.kind = ir::Kind::view_write;
+            w.dtype = base->dtype;
+            w.shape = base->shape;
+            w.in = {base->node, v};
+            w.args = dst.strides();
+            w.value = static_cast<double>(dst.offset());
+            w.mask = dst.is_traced() ? checked(dst)->fixed : 0u;
+            w.loc = loc;
+            base->node = graph_.add(std::move(w));
+        }
+        ++base->version;
+        if (base->target.defined()) base->dirty = true;
+        if (!dst.is_traced()) {
+            kiln::detail::pending_writes_hook() = &pending_hook;
+            hooked_ = true;
+        }
+    }
+
+    /// Graph break: runs the current segment and returns the concrete tensor t stands for.
+    Tensor materialize(const Tensor& t, const std::source_location& loc, const std::string& reason) {
+        flush_for_break(loc, reason);
+        return concrete_of(t);
+    }
+
+    /// The concrete tensor of a traced t whose base was computed by an earlier segment (undefined
+    /// otherwise): a view of the base's concrete value.
+    Tensor concrete_of(const Tensor& t) {
+        const Base& b = *checked(t)->base;
+        if (b.segment == segment_ || !b.concrete.defined()) return {};
+        const Tensor& c = b.concrete;
+        if (identity(t, b)) return c;
+        if (c.is_contiguous()) return Tensor(c.storage(), c.offset() + t.offset(), t.shape(), t.strides(), t.dtype());
+        const Tensor dense = c.contiguous();  // a strided base (an argument): its view reads a copy
+        return Tensor(dense.storage(), dense.offset() + t.offset(), t.shape(), t.strides(), t.dtype());
+    }
+
+    /// Runs the current segment with every live base as an output; binds the bases and writes
+    /// what the segment wrote into memory outside the trace.
     void flush() {
-        std::vector<std::shared_ptr<Value>> live;
+        if (hooked_) kiln::detail::pending_writes_hook() = nullptr;
+        hooked_ = false;
+        std::vector<std::shared_ptr<Base>> live;
         for (auto& w : live_)
-            if (auto v = w.lock(); v && v->segment == segment_ && v->concrete.storage() == nullptr) live.push_back(v);
+            if (auto b = w.lock(); b && b->segment == segment_) live.push_back(b);
+        for (auto& b : pinned_)
+            if (b->segment == segment_ && std::find(live.begin(), live.end(), b) == live.end()) live.push_back(b);
         graph_.outputs.clear();
-        for (auto& v : live) graph_.outputs.push_back(v->node);
-        const std::vector<Tensor> out = graph_.outputs.empty() ? std::vector<Tensor>{} : run_(graph_, inputs_);
-        for (std::size_t i = 0; i < live.size(); ++i) live[i]->concrete = out[i];
+        for (auto& b : live) graph_.outputs.push_back(b->node);
+        {
+            const Untraced untraced;  // the segment's own copies and views, and the write-backs, are not traced
+            std::vector<Tensor> out;
+            if (!graph_.outputs.empty()) out = run_(graph_, inputs_);
+            for (std::size_t i = 0; i < live.size(); ++i) {
+                live[i]->concrete = out[i];
+                if (live[i]->dirty) {
+                    live[i]->target.copy_(out[i]);
+                    live[i]->dirty = false;
+                }
+            }
+        }
         graph_ = {};
         inputs_.clear();
         constants_.clear();
-        carried_.clear();
-        live_.clear();
+        node_device_.clear();
         ++segment_;
+        std::erase_if(live_, [](const std::weak_ptr<Base>& w) { return w.expired(); });
+    }
+
+    /// Whether returning t may return memory the program did not make: t is a concrete tensor, or a
+    /// view of an argument (or earlier segment's value) it never wrote. Otherwise, where the passes
+    /// turn t's node into an input (x * 1 is x) or a write makes it one, the program must copy it.
+    bool returns_own_memory(const Tensor& t) const {
+        if (!t.is_traced()) return true;
+        const Base& b = *checked(t)->base;
+        return b.own_node >= 0 && b.node == b.own_node && b.segment == segment_;
+    }
+
+    /// The writes the program must apply after it runs (the function wrote into an argument or
+    /// into memory from outside the trace), each with its value's node in the current segment.
+    std::vector<WriteBack> write_backs() {
+        std::vector<WriteBack> out;
+        for (auto& b : pinned_) {
+            if (!b->dirty || !b->outside) continue;
+            current(*b);
+            out.push_back({b->node, b->arg, b->arg >= 0 ? Tensor() : b->target});
+        }
+        return out;
     }
 
 private:
+    /// No tracer is active on this thread for a scope (work that must run, not be recorded).
+    struct Untraced {
+        Tracer* prev = Tracer::active();
+        Untraced() { Tracer::active() = nullptr; }
+        ~Untraced() { Tracer::active() = prev; }
+        Untraced(const Untraced&) = delete;
+        Untraced& operator=(const Untraced&) = delete;
+    };
+
     static std::uint64_t next_id() {
         static std::atomic<std::uint64_t> n{0};
         return ++n;
     }
+    /// Applies the writes pending on a storage before its memory is read or written directly.
+    static void pending_hook(const kiln::detail::Storage* s) {
+        Tracer* tr = active();
+        if (tr == nullptr) return;
+        auto it = tr->storage_bases_.find(s);
+        if (it == tr->storage_bases_.end() || !it->second->dirty) return;
+        tr->flush_for_break(std::source_location::current(), "a direct access to memory the function wrote into");
+    }
+
+    Value* checked(const Tensor& t) const {
+        Value* v = t.traced_value().get();
+        if (v->tracer != id_)
+            throw Error("kiln::compile: a tracing tensor escaped its traced call (stored outside the function?)");
+        return v;
+    }
+    static bool identity(const Tensor& t, const Base& b) {
+        return t.offset() == 0 && t.shape() == b.shape && t.strides() == contiguous_strides(b.shape);
+    }
+    /// The device node `id`'s value lives on: an input's or captured tensor's, else its operands'
+    /// (the first one on a GPU).
+    Device device_of_node(int id) {
+        if (node_device_.size() < static_cast<std::size_t>(graph_.size())) node_device_.resize(static_cast<std::size_t>(graph_.size()));
+        auto& d = node_device_[static_cast<std::size_t>(id)];
+        if (d) return *d;
+        const ir::Node& n = graph_[id];
+        Device dev = Device::cpu();
+        if (n.kind == ir::Kind::input) dev = inputs_[static_cast<std::size_t>(n.index)].device();
+        else if (n.kind == ir::Kind::constant) dev = n.tensor.device();
+        else
+            for (int j : n.in)
+                if (const Device o = device_of_node(j); !o.is_cpu()) {
+                    dev = o;
+                    break;
+                }
+        node_device_[static_cast<std::size_t>(id)] = dev;
+        return dev;
+    }
+    std::shared_ptr<Base> new_base(int node, const Shape& shape, DType dtype) {
+        auto b = std::make_shared<Base>();
+        b->tracer = id_;
+        b->segment = segment_;
+        b->node = node;
+        b->shape = shape;
+        b->dtype = dtype;
+        b->device = device_of_node(node);
+        live_.push_back(b);
+        return b;
+    }
+    Tensor view_of(const std::shared_ptr<Base>& b, const Shape& shape, const Strides& strides, std::int64_t offset,
+                   unsigned fixed = 0) {
+        auto v = std::make_shared<Value>();
+        v->tracer = id_;
+        v->base = b;
+        v->fixed = fixed;
+        return Tensor::make_traced(std::move(v), shape, strides, offset, b->dtype);
+    }
+    int input_node(const Tensor& concrete) {
+        ir::Node n;
+        n.kind = ir::Kind::input;
+        n.dtype = concrete.dtype();
+        n.shape = concrete.shape();
+        n.index = static_cast<int>(inputs_.size());
+        const int id = graph_.add(std::move(n));
+        graph_.inputs.push_back(id);
+        inputs_.push_back(concrete);
+        return id;
+    }
+    /// Gives b a node in the current segment: a base computed by an earlier segment comes in as
+    /// an input bound to its concrete value.
+    void current(Base& b) {
+        if (b.segment == segment_) return;
+        if (!b.concrete.defined()) throw InternalError("kiln: tracer: a value from an earlier segment was never computed");
+        b.node = b.own_node = input_node(b.concrete);
+        b.segment = segment_;
+    }
+    int view_node(int of, const Shape& shape, const Strides& strides, std::int64_t offset, DType dtype, unsigned fixed = 0) {
+        ir::Node n;
+        n.kind = ir::Kind::view;
+        n.mask = fixed;
+        n.dtype = dtype;
+        n.shape = shape;
+        n.in = {of};
+        n.vkind = ir::ViewKind::as_strided;
+        n.args = strides;
+        n.value = static_cast<double>(offset);
+        return graph_.add(std::move(n));
+    }
+    /// The base standing for the storage of concrete tensor t (memory outside the function, or
+    /// made by it before this point), created on the first write: the whole storage as a 1-D tensor
+    /// of t's dtype, read at run time; t is a strided view of it.
+    std::shared_ptr<Base> storage_base(const Tensor& t) {
+        const kiln::detail::Storage* s = t.storage().get();
+        if (auto it = storage_bases_.find(s); it != storage_bases_.end()) return it->second;
+        const std::int64_t n = static_cast<std::int64_t>(s->nbytes() / t.element_size());
+        const Tensor whole(t.storage(), 0, Shape{n}, Strides{1}, t.dtype());
+        ir::Node c;
+        c.kind = ir::Kind::constant;
+        c.dtype = whole.dtype();
+        c.shape = whole.shape();
+        c.tensor = whole;
+        auto b = new_base(graph_.add(std::move(c)), whole.shape(), whole.dtype());
+        b->own_node = b->node;
+        b->target = whole;
+        b->outside = s->serial() < first_storage_;
+        storage_bases_[s] = b;
+        pinned_.push_back(b);
+        return b;
+    }
+    std::shared_ptr<Base> written_storage(const Tensor& t) const {
+        if (!t.storage()) return nullptr;
+        auto it = storage_bases_.find(t.storage().get());
+        return it == storage_bases_.end() ? nullptr : it->second;
+    }
+    void flush_for_break(const std::source_location& loc, const std::string& reason) {
+        if (fullgraph_)
+            kiln::detail::fail<GraphBreakError>("compile", "graph break (" + reason + ") with fullgraph = true", loc);
+        breaks_.push_back({loc, reason});
+        flush();
+    }
+
     SegmentRunner run_;
     bool fullgraph_;
     std::uint64_t id_;
+    std::uint64_t first_storage_;  ///< storages with a serial below this existed before the trace
     ir::Graph graph_;
     std::vector<Tensor> inputs_;
     std::vector<int> constants_;
-    std::map<const Value*, int> carried_;
-    std::vector<std::weak_ptr<Value>> live_;
+    std::vector<std::weak_ptr<Base>> live_;
+    std::vector<std::shared_ptr<Base>> pinned_;  ///< arguments and written storage: kept for their write-backs
+    std::map<const kiln::detail::Storage*, std::shared_ptr<Base>> storage_bases_;
     std::vector<Break> breaks_;
+    std::vector<std::optional<Device>> node_device_;  ///< per node of the current segment, found on demand
+    bool hooked_ = false;  ///< this tracer set the pending-writes hook (recorded writes into concrete memory)
     int segment_ = 0;
 };
 
@@ -185,23 +498,20 @@ inline Tracer& tracer_of(const Tensor& t, const std::source_location& loc) {
 }
 
 inline Tensor materialize(const Tensor& t, const std::source_location& loc) {
-    const auto& v = t.traced_value();
-    if (v->concrete.storage() != nullptr) return v->concrete;
-    return tracer_of(t, loc).materialize(t, loc, "data access");
+    Tracer& tr = tracer_of(t, loc);
+    if (Tensor c = tr.concrete_of(t); c.defined()) return c;
+    return tr.materialize(t, loc, "data access");
 }
 
-inline Tensor record_view(const Tensor& src, const Tensor& view) {
-    Tracer& tr = tracer_of(src, std::source_location::current());
-    ir::Node n;
-    n.kind = ir::Kind::view;
-    n.dtype = src.dtype();
-    n.shape = view.shape();
-    n.in = {tr.node_of(src)};
-    n.vkind = ir::ViewKind::as_strided;
-    n.args = view.strides();
-    n.value = static_cast<double>(view.offset());
-    return tr.make(tr.graph().add(std::move(n)));
+inline Device device_of(const Tensor& t) { return t.traced_value()->base->device; }
+
+inline Tensor record_view(const Tensor& src, const Tensor& view, unsigned fixed) {
+    return tracer_of(src, std::source_location::current()).view(src, view.shape(), view.strides(), view.offset(), fixed);
 }
+
+inline unsigned fixed_dims(const Tensor& t) { return t.traced_value()->fixed; }
+
+inline Tensor copy(const Tensor& t, const std::source_location& loc) { return tracer_of(t, loc).copy(t); }
 
 // ---------------------------------------------------------------- expressions
 template <class E> bool any_traced(const E& e) {
@@ -220,7 +530,7 @@ template <class E, class Leaf> int lower(Tracer& tr, const E& e, DType parent_ct
     } else {
         ir::Node n;
         n.kind = ir::Kind::elementwise;
-        n.op = ops::op_id<typename E::op>;
+        n.op = ops::op_for_dtype(ops::op_id<typename E::op>, e.info.dtype);
         n.dtype = e.info.dtype;
         n.shape = e.info.shape;
         n.attr = e.attr;
@@ -264,8 +574,9 @@ namespace kiln::trace {
 namespace detail {
 /// A reduce or arg_reduce node over operand `in`.
 inline ir::Node reduce_node(ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim, const Shape& out_shape,
-                            DType out_dtype, const std::source_location& loc, int in) {
+                            DType out_dtype, const std::source_location& loc, int in, double correction = 0) {
     ir::Node n;
+    n.correction = correction;
     n.kind = kind;
     n.rkind = rk;
     n.arg_max = arg_max;
@@ -282,11 +593,11 @@ inline ir::Node reduce_node(ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsi
 /// Records a reduction of an expression (or tensor) with tracing leaves.
 template <class E>
 Tensor record_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
-                     const Shape& out_shape, DType out_dtype, const std::source_location& loc) {
+                     const Shape& out_shape, DType out_dtype, const std::source_location& loc, double correction = 0) {
     Tracer* tr = Tracer::active();
     if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
     const int in = detail::lower(*tr, e, e.info.ct);
-    return tr->make(tr->graph().add(detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in)));
+    return tr->make(tr->graph().add(detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in, correction)));
 }
 
 /// Records a matrix product with a tracing operand.

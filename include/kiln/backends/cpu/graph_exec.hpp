@@ -30,10 +30,13 @@ decltype(auto) visit_reduce(ir::ReduceKind k, F&& f) {
     }
 }
 
-/// Builds the tile program computing `root` over `shape` from a group's inlined elementwise nodes;
-/// `vals` holds the materialized values (leaves). The result is the last instruction.
+/// Builds the tile program computing `root` over `shape` from a group's inlined elementwise nodes
+/// (a root outside the group is read through an identity conversion computed in `identity_ct`);
+/// `vals` holds the materialized values (leaves). The result is the last instruction; `values`
+/// (optional) receives each node's value index in the program.
 inline TileProgram tree_program(const ir::Graph& g, const std::vector<int>& nodes, int root, const Shape& shape,
-                                const std::vector<Tensor>& vals) {
+                                const std::vector<Tensor>& vals, std::vector<int>* values = nullptr,
+                                DType identity_ct = DType::boolean) {
     TileProgram p;
     p.space.shape = shape;
     std::vector<int> value_of(static_cast<std::size_t>(g.size()), -1);
@@ -59,7 +62,8 @@ inline TileProgram tree_program(const ir::Graph& g, const std::vector<int>& node
     for (std::size_t k = 0; k < scalar_ids.size(); ++k)
         value_of[static_cast<std::size_t>(scalar_ids[k])] = p.scalar_value(static_cast<int>(k));
     if (!in_group(root)) {  // identity: a cast to the value's own dtype
-        p.instrs.push_back({ops::op_id<ops::Cast>, compute_dtype(g[root].dtype), g[root].dtype, {p.leaf_value(0), -1, -1}});
+        const DType ct = identity_ct != DType::boolean ? identity_ct : cast_compute_dtype(g[root].dtype, g[root].dtype);
+        p.instrs.push_back({ops::op_id<ops::Cast>, ct, g[root].dtype, {p.leaf_value(0), -1, -1}});
         return p;
     }
     for (int i : nodes) {
@@ -70,6 +74,7 @@ inline TileProgram tree_program(const ir::Graph& g, const std::vector<int>& node
         p.instrs.push_back(ins);
         value_of[static_cast<std::size_t>(i)] = p.instr_value(static_cast<int>(p.instrs.size()) - 1);
     }
+    if (values) *values = std::move(value_of);
     return p;
 }
 
@@ -362,7 +367,9 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
     const ir::Node& n = g[r];
     const int x = n.in[0];
     const Shape& S = g[x].shape;
-    TileProgram p = tree_program(g, G.nodes, x, S, vals);
+    // bools read straight into a sum or product accumulate as their (int64) result, exactly
+    const DType bool_ct = n.kind == ir::Kind::reduce && compute_dtype(n.dtype) != DType::boolean ? compute_dtype(n.dtype) : DType::f32;
+    TileProgram p = tree_program(g, G.nodes, x, S, vals, nullptr, g[x].dtype == DType::boolean ? bool_ct : DType::boolean);
     // kept dims first, then reduced ones; each output element reduces a run of the iteration order
     std::vector<int> perm;
     std::int64_t outer = 1, inner = 1;
@@ -407,18 +414,44 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
     }
 }
 
-/// An elementwise group: its tree in one tile program writing the root's new tensor.
+/// An elementwise group: its members in one tile program writing each output's new tensor (the
+/// last output as the program's result, the others stored beside it tile by tile).
 inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
-    const int root = G.outputs[0];
+    const int root = G.outputs.back();
     const ir::Node& n = g[root];
     Tensor out = output_tensor(vals, root, n.shape, n.dtype);
     if (out.numel() == 0) return;
-    TileProgram p = tree_program(g, G.nodes, root, n.shape, vals);
+    std::vector<int> value_of;
+    TileProgram p = tree_program(g, G.nodes, root, n.shape, vals, &value_of);
     p.out = access_of(out, n.shape);
+    for (std::size_t k = 0; k + 1 < G.outputs.size(); ++k) {
+        const int o = G.outputs[k];
+        const Tensor t = output_tensor(vals, o, g[o].shape, g[o].dtype);
+        p.side.push_back({value_of[static_cast<std::size_t>(o)], access_of(t, n.shape)});
+    }
     std::vector<Access*> all{&p.out};
     for (auto& a : p.leaves) all.push_back(&a);
+    for (auto& sd : p.side) all.push_back(&sd.second);
     collapse(p.space, all);
     run_program(p);
+}
+
+/// A write into a view of a value: the base copied (unless the write may take its memory), then
+/// the value stored through the view.
+inline void run_write_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
+    const int o = G.outputs[0];
+    const ir::Node& n = g[o];
+    const Tensor& base = vals[static_cast<std::size_t>(n.in[0])];
+    const Tensor& src = vals[static_cast<std::size_t>(n.in[1])];
+    Tensor out;
+    if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype) {
+        out = base;
+    } else {
+        out = output_tensor(vals, o, n.shape, n.dtype);
+        out.copy_(base);
+    }
+    Tensor(out.storage(), out.offset() + static_cast<std::int64_t>(n.value), src.shape(), n.args, n.dtype).copy_(src);
+    vals[static_cast<std::size_t>(o)] = out;
 }
 
 /// A compiled graph on the CPU: the fused plan, run group by group.
@@ -486,6 +519,7 @@ private:
                     vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g_[G.outputs[0]], vals);
                     break;
                 }
+                case fuse::Group::Kind::write: run_write_group(g_, G, vals); break;
                 case fuse::Group::Kind::view: {
                     const ir::Node& n = g_[G.outputs[0]];
                     const Tensor src = vals[static_cast<std::size_t>(n.in[0])].contiguous();
@@ -504,9 +538,13 @@ private:
     void plan_buffers() {
         const int N = g_.size();
         const auto& groups = plan_.groups;
-        std::vector<int> base(static_cast<std::size_t>(N));  // the value a view ultimately shows
-        for (int i = 0; i < N; ++i)
-            base[static_cast<std::size_t>(i)] = g_[i].kind == ir::Kind::view ? base[static_cast<std::size_t>(g_[i].in[0])] : i;
+        std::vector<int> base(static_cast<std::size_t>(N));  // the value a view (or an in-place write) ultimately shows
+        for (int i = 0; i < N; ++i) {
+            const int gi = plan_.group_of[static_cast<std::size_t>(i)];
+            const bool aliases = g_[i].kind == ir::Kind::view || (gi >= 0 && groups[static_cast<std::size_t>(gi)].kind == fuse::Group::Kind::write &&
+                                                                  groups[static_cast<std::size_t>(gi)].in_place);
+            base[static_cast<std::size_t>(i)] = aliases ? base[static_cast<std::size_t>(g_[i].in[0])] : i;
+        }
         std::vector<char> pinned(static_cast<std::size_t>(N), 0);
         for (int o : g_.outputs) pinned[static_cast<std::size_t>(base[static_cast<std::size_t>(o)])] = 1;
         std::vector<int> last_use(static_cast<std::size_t>(N), -1), produced(static_cast<std::size_t>(N), -1);

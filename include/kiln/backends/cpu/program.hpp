@@ -40,6 +40,9 @@ struct TileProgram {
     std::vector<double> scalars;
     std::vector<Instr> instrs;
     Access out;
+    /// More values stored per tile besides the result (a group with several outputs): an
+    /// instruction's value index and where it goes.
+    std::vector<std::pair<int, Access>> side;
 
     int leaf_value(int i) const { return i; }
     int scalar_value(int i) const { return static_cast<int>(leaves.size()) + i; }
@@ -47,6 +50,9 @@ struct TileProgram {
 };
 
 namespace program_detail {
+
+/// The type a compute type's kernels run in: bool-valued work computes as f32 (0 and 1).
+constexpr DType kernel_ct(DType ct) { return ct == DType::boolean ? DType::f32 : ct; }
 
 struct Slot {
     int value;
@@ -92,11 +98,12 @@ inline Plan plan(const TileProgram& p) {
     pl.instr_out.resize(p.instrs.size());
     for (std::size_t i = 0; i < p.instrs.size(); ++i) {
         const auto& ins = p.instrs[i];
+        const DType ct = kernel_ct(ins.ct);
         for (int k = 0; k < 3; ++k)
-            if (ins.in[k] >= 0) pl.instr_in[k][i] = slot_of(ins.in[k], ins.ct);
+            if (ins.in[k] >= 0) pl.instr_in[k][i] = slot_of(ins.in[k], ct);
         const int v = p.instr_value(static_cast<int>(i));
-        produced[static_cast<std::size_t>(v)] = ins.ct;
-        pl.slots.push_back({v, ins.ct});
+        produced[static_cast<std::size_t>(v)] = ct;
+        pl.slots.push_back({v, ct});
         pl.instr_out[i] = static_cast<int>(pl.slots.size() - 1);
         pl.steps.push_back({Step::exec, pl.instr_out[i], static_cast<int>(i)});
     }
@@ -107,8 +114,10 @@ inline Plan plan(const TileProgram& p) {
 /// Scratch tiles for the slots, shared by slots whose lives do not overlap (a chain of n ops
 /// needs a few tiles, not n, so the working set stays in L1). Slots marked external (leaves read
 /// in place, the result) get -1. Fill slots keep their tile for the whole run, since a run fills
-/// them once, not per tile (`filled` marks them).
-inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& external, const std::vector<char>& filled, int& buffers) {
+/// them once, not per tile (`filled` marks them); `kept` slots keep theirs to the end of the tile
+/// (values stored after the last step).
+inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& external, const std::vector<char>& filled,
+                                       const std::vector<char>& kept, int& buffers) {
     const std::size_t ns = pl.slots.size();
     std::vector<int> last_use(ns, -1), buf(ns, -1);
     auto reads = [&](const Step& st, auto&& f) {
@@ -134,13 +143,13 @@ inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& 
         if (st.kind != Step::fill && !external[d]) buf[d] = take();  // before freeing inputs: never in place
         auto release = [&](int s) {
             const std::size_t u = static_cast<std::size_t>(s);
-            if (last_use[u] == static_cast<int>(i) && buf[u] >= 0 && !external[u] && !filled[u]) {
+            if (last_use[u] == static_cast<int>(i) && buf[u] >= 0 && !external[u] && !filled[u] && !kept[u]) {
                 free_list.push_back(buf[u]);
                 last_use[u] = -2;  // released once even when read twice by this step
             }
         };
         reads(st, release);
-        if (last_use[d] == -1 && buf[d] >= 0) free_list.push_back(buf[d]);  // written, never read
+        if (last_use[d] == -1 && buf[d] >= 0 && !kept[d]) free_list.push_back(buf[d]);  // written, never read
     }
     return buf;
 }
@@ -166,7 +175,13 @@ public:
             }
         }
         external[static_cast<std::size_t>(pl_.result_slot)] = 1;
-        buffer_of_ = program_detail::assign_buffers(pl_, external, filled, buffers_);
+        std::vector<char> kept(ns, 0);
+        for (const auto& [value, access] : p.side) {
+            const int slot = pl_.instr_out[static_cast<std::size_t>(value - p.instr_value(0))];
+            kept[static_cast<std::size_t>(slot)] = 1;
+            side_slots_.push_back(slot);
+        }
+        buffer_of_ = program_detail::assign_buffers(pl_, external, filled, kept, buffers_);
         for (const Step& st : pl_.steps) {
             if (st.kind == Step::fill) continue;
             Exec e{st.kind, st.slot, st.src};
@@ -179,7 +194,7 @@ public:
                 }
                 if (scalars == 3u) scalars = 0;  // both scalar: keep the filled tiles
                 e.attr = ins.attr;
-                e.kernel = any_tile_kernel(ins.op, ins.ct, scalars);
+                e.kernel = any_tile_kernel(ins.op, program_detail::kernel_ct(ins.ct), scalars);
                 if (!e.kernel)
                     throw InternalError("kiln: op " + std::string(ops::op_name(ins.op)) + " has no kernel for " +
                                         std::string(dtype_name(ins.ct)));
@@ -190,7 +205,7 @@ public:
         }
     }
     /// Compute type of the result values tile() writes.
-    DType result_ct() const { return p_.instrs.back().ct; }
+    DType result_ct() const { return program_detail::kernel_ct(p_.instrs.back().ct); }
     /// Scratch tiles one thread uses (after sharing between slots).
     int scratch_tiles() const { return buffers_; }
 
@@ -245,6 +260,13 @@ public:
                     case Step::fill: break;
                 }
             }
+            for (std::size_t k = 0; k < side_slots_.size(); ++k) {
+                const std::size_t s = static_cast<std::size_t>(side_slots_[k]);
+                visit_ct(pl_.slots[s].ct, [&](auto tag) {
+                    using T = typename decltype(tag)::type;
+                    scatter(p_.space, p_.side[k].second, at, n, static_cast<const T*>(ptr[s]));
+                });
+            }
         }
     }
 
@@ -264,6 +286,7 @@ private:
     std::vector<int> buffer_of_;
     int buffers_ = 0;
     std::vector<Exec> execs_;
+    std::vector<int> side_slots_;  ///< slots of p.side's values
 };
 
 /// Writes a tile of compute-type values produced by `produce(start, len, dst)` to an access,

@@ -351,6 +351,44 @@ template <class T> inline T int_pow(T a, T e) {
     return static_cast<T>(r);
 }
 
+// Division-family kernels, one scalar function each (the batch versions run them lane by lane: x86
+// has no integer division instructions, and an exact float fmod has no short vector form).
+// Integer division by zero gives 0 in all three (numpy's choice; torch raises ZeroDivisionError,
+// which a kernel cannot do per element), and division by -1 is done without the division that
+// traps for INT_MIN / -1: the quotient wraps, the remainder is 0.
+
+/// C's a % b (sign of the dividend).
+template <class T> inline T int_fmod(T a, T b) { return (b == 0 || b == -1) ? T(0) : static_cast<T>(a % b); }
+/// Python's a % b (sign of the divisor).
+template <class T> inline T int_remainder(T a, T b) {
+    const T r = int_fmod(a, b);
+    return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(r + b) : r;
+}
+/// a / b rounded toward -inf.
+template <class T> inline T int_floor_divide(T a, T b) {
+    if (b == 0) return T(0);
+    if (b == -1) return static_cast<T>(std::make_unsigned_t<T>(0) - static_cast<std::make_unsigned_t<T>>(a));
+    const T q = static_cast<T>(a / b), r = static_cast<T>(a % b);
+    return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(q - 1) : q;
+}
+/// fmod(a, b) + b when the signs differ (torch.remainder for floats).
+template <class T> inline T float_remainder(T a, T b) {
+    const T m = std::fmod(a, b);
+    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
+}
+/// floor(a / b) computed as torch's div_floor_floating: from the exact fmod, so it is the floor of
+/// the true quotient (a / b rounded first can round up to the next integer); x / 0 is IEEE's.
+template <class T> inline T float_floor_divide(T a, T b) {
+    if (b == 0) return a / b;
+    const T mod = std::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+    if (div == 0) return std::copysign(T(0), a / b);
+    T fl = std::floor(div);
+    if (div - fl > T(0.5)) fl += T(1);
+    return fl;
+}
+
 inline constexpr bool has_native_rounding = XSIMD_WITH_SSE4_1 || XSIMD_WITH_AVX || XSIMD_WITH_AVX512F;
 
 /// xsimd's SSE2 floor/ceil go through int conversion and lose the sign of -0 (and of ceil(-0.5)).
@@ -490,6 +528,42 @@ template <kernel_value V> V pow(V x, V y) {
 }
 
 // ------------------------------------------------------------------ every compute type
+
+/// C's fmod: a - trunc(a / b) * b, exact; the sign of a. Floats: x fmod 0 and inf fmod y are NaN.
+/// Integers: x fmod 0 is 0 (see int_fmod).
+template <kernel_value V> V fmod(V a, V b) {
+    using T = scalar_of<V>;
+    if constexpr (std::is_floating_point_v<T>) {
+        if constexpr (is_batch_v<V>) return impl::per_lane<T>([](T x, T y) { return std::fmod(x, y); }, a, b);
+        else return std::fmod(a, b);
+    } else {
+        if constexpr (is_batch_v<V>) return impl::per_lane<T>(impl::int_fmod<T>, a, b);
+        else return impl::int_fmod(a, b);
+    }
+}
+/// Python's / torch's a % b: a - floor(a / b) * b, the sign of b (floats: fmod corrected by b when
+/// the signs differ). Integers: x % 0 is 0.
+template <kernel_value V> V remainder(V a, V b) {
+    using T = scalar_of<V>;
+    if constexpr (std::is_floating_point_v<T>) {
+        if constexpr (is_batch_v<V>) return impl::per_lane<T>(impl::float_remainder<T>, a, b);
+        else return impl::float_remainder(a, b);
+    } else {
+        if constexpr (is_batch_v<V>) return impl::per_lane<T>(impl::int_remainder<T>, a, b);
+        else return impl::int_remainder(a, b);
+    }
+}
+/// floor(a / b) (torch.floor_divide, Python's //). Integers: rounds toward -inf, x // 0 is 0.
+template <kernel_value V> V floor_divide(V a, V b) {
+    using T = scalar_of<V>;
+    if constexpr (std::is_floating_point_v<T>) {
+        if constexpr (is_batch_v<V>) return impl::per_lane<T>(impl::float_floor_divide<T>, a, b);
+        else return impl::float_floor_divide(a, b);
+    } else {
+        if constexpr (is_batch_v<V>) return impl::per_lane<T>(impl::int_floor_divide<T>, a, b);
+        else return impl::int_floor_divide(a, b);
+    }
+}
 
 /// -x (integers wrap: -INT_MIN == INT_MIN; neg(+0.0) is -0.0).
 template <kernel_value V> V neg(V x) {

@@ -168,6 +168,37 @@ template <class T> __device__ __forceinline__ T kiln_ipow(T a, T e) {
 }
 __device__ __forceinline__ int pow(int a, int e) { return kiln_ipow(a, e); }
 __device__ __forceinline__ long long pow(long long a, long long e) { return kiln_ipow(a, e); }
+// remainder (sign of the divisor), fmod (sign of the dividend), floor_divide (floor of the true
+// quotient), as on the CPU (simd.hpp): integer division by 0 gives 0, by -1 never divides (INT_MIN / -1 traps).
+template <class T> __device__ __forceinline__ T kiln_ifmod(T a, T b) { return (b == 0 || b == -1) ? T(0) : T(a % b); }
+template <class T> __device__ __forceinline__ T kiln_ifloor_divide(T a, T b) {
+  if (b == 0) return T(0);
+  if (b == -1) return (T)(0ull - (unsigned long long)a);
+  const T q = a / b, r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? T(q - 1) : q;
+}
+__device__ __forceinline__ int kiln_fmod(int a, int b) { return kiln_ifmod(a, b); }
+__device__ __forceinline__ long long kiln_fmod(long long a, long long b) { return kiln_ifmod(a, b); }
+__device__ __forceinline__ float kiln_fmod(float a, float b) { return fmodf(a, b); }
+__device__ __forceinline__ double kiln_fmod(double a, double b) { return fmod(a, b); }
+template <class T> __device__ __forceinline__ T kiln_remainder(T a, T b) {
+  const T m = kiln_fmod(a, b);
+  return (m != T(0) && ((b < T(0)) != (m < T(0)))) ? T(m + b) : m;
+}
+template <class T> __device__ __forceinline__ T kiln_ffloor_divide(T a, T b) {  // torch's div_floor_floating
+  if (b == T(0)) return a / b;
+  const T mod = kiln_fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);
+  if (div == T(0)) return copysign(T(0), a / b);
+  T fl = floor(div);
+  if (div - fl > T(0.5)) fl += T(1);
+  return fl;
+}
+__device__ __forceinline__ int kiln_floor_divide(int a, int b) { return kiln_ifloor_divide(a, b); }
+__device__ __forceinline__ long long kiln_floor_divide(long long a, long long b) { return kiln_ifloor_divide(a, b); }
+__device__ __forceinline__ float kiln_floor_divide(float a, float b) { return kiln_ffloor_divide(a, b); }
+__device__ __forceinline__ double kiln_floor_divide(double a, double b) { return kiln_ffloor_divide(a, b); }
 template <class T, int N> struct __align__(sizeof(T) * N) kiln_vec { T v[N]; };
 template <class T, class F> __device__ __forceinline__ T kiln_block_reduce(T v, F f, T* smem, T ident) {
   #pragma unroll
@@ -299,30 +330,36 @@ struct EwSignature {
     int vec = 1;
     int unroll = 1;  ///< vectors per thread per grid-stride step
     bool idx64 = false;
+    bool out_strided = false;  ///< the output is a strided view (a write into a slice): element stores through its strides
     std::string key() const {
-        std::string k = std::to_string(rank) + (idx64 ? "L" : "i") + std::to_string(vec) + "u" + std::to_string(unroll) + ":";
+        std::string k = std::to_string(rank) + (idx64 ? "L" : "i") + std::to_string(vec) + "u" + std::to_string(unroll) +
+                        (out_strided ? "s" : "") + ":";
         for (std::size_t i = 0; i < leaves.size(); ++i) k += access_code(leaves[i]) + std::to_string(static_cast<int>(leaf_dtypes[i]));
         return k;
     }
 };
 
-/// Kernel parameters, in order: leaf pointers, out pointer, n, sizes[rank], then per strided or
-/// inner leaf its strides[rank]. Every parameter is 8 bytes. Each thread handles UNROLL vectors of
+/// Kernel parameters, in order: leaf pointers, the outputs' pointers, n, sizes[rank], then per strided or
+/// inner leaf its strides[rank], then (out_strided) the output's strides[rank]. Every parameter is 8 bytes. Each thread handles UNROLL vectors of
 /// VEC elements per grid-stride step, issuing all their loads before computing.
 inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, const EwSignature& sig) {
-    const int root = G.outputs[0];
-    const ir::Node& rn = g[root];
+    const std::size_t no = G.outputs.size();
+    auto out_name = [&](std::size_t m) { return no == 1 ? std::string("out") : "out" + std::to_string(m); };
+    auto out_dtype = [&](std::size_t m) { return g[G.outputs[m]].dtype; };
     const int V = sig.vec, R = sig.rank, U = std::max(1, sig.unroll);
     const std::string Vs = std::to_string(V), Us = std::to_string(U);
     const std::string idx = sig.idx64 ? "long long" : "int";
     std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
     for (std::size_t k = 0; k < G.leaves.size(); ++k)
         s += "const " + std::string(storage_type(sig.leaf_dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
-    s += std::string(storage_type(rn.dtype)) + "* __restrict__ out, long long n";
+    for (std::size_t m = 0; m < no; ++m) s += std::string(storage_type(out_dtype(m))) + "* __restrict__ " + out_name(m) + ", ";
+    s += "long long n";
     for (int d = 0; d < R; ++d) s += ", long long z" + std::to_string(d);
     for (std::size_t k = 0; k < G.leaves.size(); ++k)
         if (sig.leaves[k] == Access::strided || sig.leaves[k] == Access::inner)
             for (int d = 0; d < R; ++d) s += ", long long s" + std::to_string(k) + "_" + std::to_string(d);
+    if (sig.out_strided)
+        for (int d = 0; d < R; ++d) s += ", long long os" + std::to_string(d);
     s += ") {\n";
     s += "  typedef " + idx + " idx_t;\n";
     std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
@@ -374,9 +411,10 @@ inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, c
     // 2. compute and store
     s += "    #pragma unroll\n    for (int u = 0; u < " + Us + "; ++u) {\n";
     s += "      const idx_t t = t0 + u * step;\n      if (t >= nvec) break;\n      const idx_t i = t * " + Vs + ";\n";
-    s += "      " + vec_t(rn.dtype) + " o_;\n";
+    if (!sig.out_strided)
+        for (std::size_t m = 0; m < no; ++m) s += "      " + vec_t(out_dtype(m)) + " o" + std::to_string(m) + "_;\n";
     s += "      #pragma unroll\n      for (int e = 0; e < " + Vs + "; ++e) {\n";
-    bool any_strided = false;
+    bool any_strided = sig.out_strided;
     for (auto a : sig.leaves) any_strided = any_strided || a == Access::strided;
     if (any_strided) s += coords("i + e", "c");
     for (std::size_t k = 0; k < G.leaves.size(); ++k) {
@@ -394,10 +432,21 @@ inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, c
     ExprEmitter em{g, vals};
     for (int i : G.nodes)
         if (g[i].kind == ir::Kind::elementwise) s += "        " + em.node(i);
-    s += "        o_.v[e] = " + store_conv(rn.dtype, vals[static_cast<std::size_t>(root)]) + ";\n";
+    for (std::size_t m = 0; m < no; ++m) {
+        const std::string v = store_conv(out_dtype(m), vals[static_cast<std::size_t>(G.outputs[m])]);
+        if (sig.out_strided) {  // (one output)
+            std::string o = "(idx_t)0";
+            for (int d = 0; d < R; ++d) o += " + c" + std::to_string(d) + " * (idx_t)os" + std::to_string(d);
+            s += "        " + out_name(m) + "[" + o + "] = " + v + ";\n";
+        } else {
+            s += "        o" + std::to_string(m) + "_.v[e] = " + v + ";\n";
+        }
+    }
     if (any_strided) s += "      }\n";
     s += "      }\n";
-    s += "      *(" + vec_t(rn.dtype) + "*)(out + i) = o_;\n";
+    if (!sig.out_strided)
+        for (std::size_t m = 0; m < no; ++m)
+            s += "      *(" + vec_t(out_dtype(m)) + "*)(" + out_name(m) + " + i) = o" + std::to_string(m) + "_;\n";
     s += "    }\n  }\n}\n";
     return finish_kernel("ew", s);
 }
@@ -582,8 +631,11 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
         const int o = stored[m];
         const DType dt = sig.dtypes[k];
         const std::string on = "o" + std::to_string(m);
-        if (!varies[static_cast<std::size_t>(o)]) {
+        if (!varies[static_cast<std::size_t>(o)] && sig.inner_access[k] == Access::scalar) {
             s += "    if (tid == 0) " + on + "[b_[" + std::to_string(k) + "]] = " + store_conv(dt, vals[static_cast<std::size_t>(o)]) + ";\n";
+        } else if (!varies[static_cast<std::size_t>(o)]) {  // one value per row (its leaves broadcast), stored over the whole row
+            s += loop_open + "          " + on + "[" + elem_offset(k, "col") + "] = " + store_conv(dt, vals[static_cast<std::size_t>(o)]) +
+                 ";\n" + loop_close;
         } else if (V > 1 && sig.inner_access[k] == Access::contig) {  // one vector store per V elements
             const std::string st = storage_type(dt), vt = "kiln_vec<" + st + ", " + std::to_string(V) + ">";
             s += "    #pragma unroll\n    for (int j = 0; j < " + std::to_string(I) + "; ++j) {\n";

@@ -208,12 +208,6 @@ inline bool graph_api() {
     return on;
 }
 
-/// Whether work queued on `s` now is being captured into a CUDA graph.
-inline bool capturing(CUstream s) {
-    int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
-    return kiln::cuda::detail::driver().stream_is_capturing(s, &status) == kiln::cuda::detail::cuda_success && status != 0;
-}
-
 /// The geometry of a 2-D convolution (the kernel size comes from the weight).
 struct ConvParams {
     std::int64_t ph = 0, pw = 0, sh = 1, sw = 1, dh = 1, dw = 1;

@@ -297,6 +297,13 @@ inline CUstream current_stream(int index = 0) {
     return o ? o : detail::device_state(index).stream;
 }
 
+/// Whether work queued on `s` now is being captured into a CUDA graph (then nothing may wait for
+/// the device: a host read of a value must be skipped or deferred).
+inline bool capturing(CUstream s) {
+    int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+    return detail::driver().stream_is_capturing(s, &status) == detail::cuda_success && status != 0;
+}
+
 /// Waits until all work kiln queued on device `index` from this thread has finished.
 inline void synchronize(int index = 0) {
     detail::check(detail::driver().stream_synchronize(current_stream(index)), "cuStreamSynchronize");

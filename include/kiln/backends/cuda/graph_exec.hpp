@@ -129,8 +129,9 @@ struct KernelMemo {
         std::vector<Shape> shapes;
         std::vector<Strides> strides;
         std::vector<unsigned> align;
-        unsigned out_align = 0;
+        std::vector<unsigned> out_align;  ///< per output
         Shape out_shape;
+        Strides out_strides;
         CUfunction fn = nullptr;
         std::vector<std::int64_t> tail;
         unsigned grid = 0;
@@ -231,17 +232,26 @@ inline Tensor out_for(std::vector<Tensor>& vals, int id, const Shape& s, DType d
 // ------------------------------------------------------------------ elementwise groups
 inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
                             Launcher& L) {
-    const int root = G.outputs[0];
-    const ir::Node& rn = g[root];
-    Tensor out = out_for(vals, root, rn.shape, rn.dtype, device);
-    const std::int64_t n = out.numel();
+    const std::size_t no = G.outputs.size();
+    const Shape& S = g[G.outputs[0]].shape;  // every output has the group's shape
+    std::vector<Tensor> outs;
+    for (int o : G.outputs) {
+        const ir::Node& on = g[o];
+        // a destination placed beforehand may be a strided view (a statement written into a slice)
+        const Tensor& pre = vals[static_cast<std::size_t>(o)];
+        const bool view_out = no == 1 && pre.defined() && pre.shape() == on.shape && pre.dtype() == on.dtype &&
+                              pre.device() == Device::cuda(device) && !pre.is_contiguous();
+        outs.push_back(view_out ? pre : out_for(vals, o, on.shape, on.dtype, device));
+    }
+    const std::int64_t n = S.numel();
     if (n == 0) return;
     const std::size_t nl = G.leaves.size();
     auto align_of = [](const void* p) { return static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p) % 64); };
     {  // the operands look as they did last time: same kernel, same parameters
         std::unique_lock lock(memo.mu);
         const KernelMemo::Last& l = memo.last;
-        bool same = l.fn && l.dtypes.size() == nl && l.out_shape == rn.shape && l.out_align == align_of(out.data_ptr());
+        bool same = l.fn && l.dtypes.size() == nl && l.out_shape == S && l.out_strides == outs[0].strides() && l.out_align.size() == no;
+        for (std::size_t m = 0; same && m < no; ++m) same = l.out_align[m] == align_of(outs[m].data_ptr());
         for (std::size_t k = 0; same && k < nl; ++k) {
             const Tensor& t = vals[static_cast<std::size_t>(G.leaves[k])];
             same = t.dtype() == l.dtypes[k] && t.shape() == l.shapes[k] && t.strides() == l.strides[k] &&
@@ -249,9 +259,9 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
         }
         if (same) {
             Args a;
-            a.slots.reserve(nl + 1 + l.tail.size());
+            a.slots.reserve(nl + no + l.tail.size());
             for (std::size_t k = 0; k < nl; ++k) a.add_ptr(vals[static_cast<std::size_t>(G.leaves[k])].data_ptr());
-            a.add_ptr(out.data_ptr());
+            for (const Tensor& t : outs) a.add_ptr(t.data_ptr());
             for (auto v : l.tail) a.add(v);
             const CUfunction f = l.fn;
             const unsigned grid = l.grid;
@@ -260,12 +270,7 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
             return;
         }
     }
-    const Shape& S = rn.shape;
-    std::vector<std::int64_t> ost(static_cast<std::size_t>(S.rank()));
-    {
-        const Strides cs = contiguous_strides(S);
-        for (int d = 0; d < S.rank(); ++d) ost[static_cast<std::size_t>(d)] = cs[d];
-    }
+    std::vector<std::int64_t> ost(outs[0].strides().begin(), outs[0].strides().end());
     std::vector<Operand> ops(G.leaves.size());
     std::vector<std::vector<std::int64_t>*> all{&ost};
     for (std::size_t k = 0; k < G.leaves.size(); ++k) {
@@ -279,8 +284,17 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     const std::vector<std::int64_t> sz = collapse_dims(S, all);
     EwSignature sig;
     sig.rank = static_cast<int>(sz.size());
-    int vec = 4;
-    if (n % vec != 0 || reinterpret_cast<std::uintptr_t>(out.data_ptr()) % (vec * dtype_size(rn.dtype)) != 0) vec = 1;
+    {
+        std::int64_t expect = 1;
+        for (std::size_t d = sz.size(); d-- > 0;) {
+            sig.out_strided = sig.out_strided || ost[d] != expect;
+            expect *= sz[d];
+        }
+    }
+    int vec = sig.out_strided ? 1 : 4;
+    if (n % vec != 0) vec = 1;
+    for (const Tensor& t : outs)
+        if (reinterpret_cast<std::uintptr_t>(t.data_ptr()) % (static_cast<std::uintptr_t>(vec) * dtype_size(t.dtype())) != 0) vec = 1;
     for (auto& o : ops)
         if (classify(o, sz, vec) == Access::contig && o.address % (static_cast<std::uintptr_t>(vec) * dtype_size(o.dtype)) != 0) vec = 1;
     sig.vec = vec;
@@ -291,19 +305,22 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
         sig.leaf_dtypes.push_back(o.dtype);
         small = small && fits32(sz, o.strides);
     }
+    small = small && fits32(sz, ost);
     sig.idx64 = !small;
     sig.unroll = n / vec >= 4096 ? Tuning::get().ew_unroll : 1;
     Args a;
     for (auto& o : ops) a.add_ptr(reinterpret_cast<const void*>(o.address));
-    a.add_ptr(out.data_ptr());
+    for (const Tensor& t : outs) a.add_ptr(t.data_ptr());
     a.add(n);
     for (auto z : sz) a.add(z);
     for (auto& o : ops)
         if (o.access == Access::strided || o.access == Access::inner)
             for (auto s : o.strides) a.add(s);
+    if (sig.out_strided)
+        for (auto s : ost) a.add(s);
     const unsigned grid = grid_for((n / vec + sig.unroll - 1) / sig.unroll, 256, device, Tuning::get().ew_waves);
     const std::string key = sig.key();
-    const std::vector<std::int64_t> tail(a.slots.begin() + static_cast<std::ptrdiff_t>(nl + 1), a.slots.end());
+    const std::vector<std::int64_t> tail(a.slots.begin() + static_cast<std::ptrdiff_t>(nl + no), a.slots.end());
     L.add(memo, key, [&g, &G, sig] { return elementwise_kernel(g, G, sig); }, std::move(a), grid, 256);
     if (const CUfunction f = memo.find(key)) {  // known (not waiting for a flush): remember the launch
         KernelMemo::Last l;
@@ -314,8 +331,9 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
             l.strides.push_back(t.strides());
             l.align.push_back(align_of(t.data_ptr()));
         }
-        l.out_shape = rn.shape;
-        l.out_align = align_of(out.data_ptr());
+        l.out_shape = S;
+        l.out_strides = outs[0].strides();
+        for (const Tensor& t : outs) l.out_align.push_back(align_of(t.data_ptr()));
         l.fn = f;
         l.tail = tail;
         l.grid = grid;
@@ -377,7 +395,7 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
     for (int o : G.outputs) {
         const ir::Node& n = g[o];
         Tensor t = out_for(vals, o, n.shape, n.dtype, device);
-        const bool full = n.shape == S;
+        const bool full = row_varies(g, o, S, G.mask);  // one value per row element, else one per row
         strides.push_back(full ? contiguous_strides(S) : kiln::detail::broadcast_strides(keep, contiguous_strides(keep), S));
         dtypes.push_back(n.dtype);
         outs.push_back(t);
@@ -559,6 +577,11 @@ public:
                     run_matmul_group(g, G, vals);
                     break;
                 }
+                case fuse::Group::Kind::write: {
+                    L.flush();  // the copies queue behind everything before them
+                    run_write_group(g, G, vals, device_);
+                    break;
+                }
                 case fuse::Group::Kind::call: {
                     L.flush();  // the op queues its work behind everything before it
                     vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g[G.outputs[0]], vals);
@@ -609,6 +632,24 @@ private:
             kiln::cuda::matmul_out(out, a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
         else
             out = kiln::cuda::matmul(a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
+    }
+
+    /// A write into a view of a value: the base copied (unless the write may take its memory),
+    /// then the value stored through the view (a kernel with a strided output).
+    static void run_write_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device) {
+        const int o = G.outputs[0];
+        const ir::Node& n = g[o];
+        const Tensor& base = vals[static_cast<std::size_t>(n.in[0])];
+        const Tensor& src = vals[static_cast<std::size_t>(n.in[1])];
+        Tensor out;
+        if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype && base.device() == Device::cuda(device)) {
+            out = base;
+        } else {
+            out = new_on(n.shape, n.dtype, device);
+            out.copy_(base);
+        }
+        Tensor(out.storage(), out.offset() + static_cast<std::int64_t>(n.value), src.shape(), n.args, n.dtype).copy_(src);
+        vals[static_cast<std::size_t>(o)] = out;
     }
 
     ir::Graph g_;
