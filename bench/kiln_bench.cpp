@@ -189,7 +189,7 @@ public:
 
     void summary() const {
         std::printf("\nsummary\n");
-        for (const char* w : {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "sincos_scalar"}) {
+        for (const char* w : {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes", "sincos_scalar"}) {
             for (int t : thread_counts()) {
                 const double e = median_us(w, "eager", t), f = median_us(w, "fused", t), c = median_us(w, "compiled", t);
                 if (e > 0 && f > 0) std::printf("  %-13s %d thr: fused %.2fx faster than eager", w, t, e / f);
@@ -457,6 +457,60 @@ void bench_numpy_fn(Bench& b) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// blackscholes: a European call and put priced from one formula (two outputs sharing d1, d2 and
+// the discount): S, K, T of n options, r = 0.02, vol = 0.3. Fused: two statements (each output
+// one kernel, the shared values computed twice); compiled: one kernel writing both outputs.
+
+const double bs_r = 0.02, bs_vol = 0.3;
+template <class X> auto bs_ncdf(const X& z) { return 0.5 * (1.0 + kiln::erf(z * 0.7071067811865476)); }
+template <class S, class K, class T> auto bs_d1(const S& s, const K& k, const T& t) {
+    return (kiln::log(s / k) + t * (bs_r + 0.5 * bs_vol * bs_vol)) / (kiln::sqrt(t) * bs_vol);
+}
+/// The prices with each statement as `ev` evaluates it (eager: one kernel per op; Tensor(): fused).
+template <class Eval>
+std::pair<Tensor, Tensor> blackscholes(const Tensor& s, const Tensor& k, const Tensor& t, Eval ev) {
+    const Tensor d1 = ev(bs_d1(s, k, t));
+    const Tensor d2 = ev(d1 - kiln::sqrt(t) * bs_vol);
+    const Tensor disc = ev(k * kiln::exp(t * -bs_r));
+    return {ev(s * bs_ncdf(d1) - disc * bs_ncdf(d2)), ev(disc * bs_ncdf(-d2) - s * bs_ncdf(-d1))};
+}
+/// Expression templates: each price one fused statement (d1, d2 and the discount inlined in both).
+std::pair<Tensor, Tensor> blackscholes_fused(const Tensor& s, const Tensor& k, const Tensor& t) {
+    const auto d1 = bs_d1(s, k, t);
+    const auto d2 = d1 - kiln::sqrt(t) * bs_vol;
+    const auto disc = k * kiln::exp(t * -bs_r);
+    return {Tensor(s * bs_ncdf(d1) - disc * bs_ncdf(d2)), Tensor(disc * bs_ncdf(-d2) - s * bs_ncdf(-d1))};
+}
+std::vector<Tensor> bs_inputs(std::int64_t n, kiln::Device dev) {
+    kiln::manual_seed(7);
+    return {Tensor(kiln::rand({n}) * 50 + 50).to(dev), Tensor(kiln::rand({n}) * 50 + 50).to(dev), Tensor(kiln::rand({n}) * 2 + 0.25).to(dev)};
+}
+auto bs_compiled(kiln::Mode mode = kiln::Mode::normal) {
+    return kiln::compile([](const Tensor& s, const Tensor& k, const Tensor& t) { return blackscholes(s, k, t, [](const auto& e) { return Tensor(e); }); },
+                         {.mode = mode});
+}
+
+void bench_blackscholes(Bench& b) {
+    const std::string name = "blackscholes";
+    if (!b.wanted(name)) return;
+    const std::int64_t n = 4 << 20;
+    const std::vector<Tensor> in = bs_inputs(n, kiln::Device::cpu());
+    const double bytes = 5.0 * 4 * static_cast<double>(n);
+    auto eager_fn = [&] { return blackscholes(in[0], in[1], in[2], [](const auto& e) { return kiln::eager(e); }); };
+    const auto ref = eager_fn();
+    std::pair<Tensor, Tensor> out;
+    for (int t : b.thread_counts()) {
+        b.row(name, "eager", t, bytes, [&] { out = eager_fn(); }, 3);
+        b.row(name, "fused", t, bytes, [&] { out = blackscholes_fused(in[0], in[1], in[2]); });
+        check_close(name + " fused", out.second, ref.second, 1e-4);
+        auto compiled = bs_compiled();
+        b.row(name, "compiled", t, bytes, [&] { out = compiled(in[0], in[1], in[2]); });
+        check_close(name + " compiled call", out.first, ref.first, 1e-4);
+        check_close(name + " compiled put", out.second, ref.second, 1e-4);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // sincos_scalar: sin(x) + cos(x) on one element: the fixed cost of a call
 
 void bench_sincos_scalar(Bench& b) {
@@ -539,7 +593,7 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
         ~Tf32Scope() { if (on) kiln::cuda::set_allow_tf32(false); }
     } tf32_scope(tf32);
     b.set_meta(name, m.flops, m.math);
-    auto eager = kiln::compile(m.fn, {.backend = kiln::Backend::graph});
+    auto eager = kiln::compile(m.fn, {.backend = kiln::Backend::eager});
     auto compiled = kiln::compile(m.fn);
     auto ro = kiln::compile(m.fn, {.mode = kiln::Mode::reduce_overhead});
     const double tol = name.ends_with("bf16") ? 5e-2 : 1e-3;
@@ -607,6 +661,10 @@ GpuWorkload gpu_workload(const std::string& name, kiln::Mode mode = kiln::Mode::
         w.in = {gpu(kiln::randn({1024, 640})), gpu(Tensor(kiln::randn({1024, 640}) * 0.1))};
         auto c = kiln::compile([](const Tensor& x, const Tensor& y) { return numpy_fn(x, y, [](const auto& e) { return Tensor(e); }); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1]); };
+    } else if (name == "blackscholes") {  // the call price (both prices are computed)
+        w.in = bs_inputs(16 << 20, kiln::Device::cuda());
+        auto c = bs_compiled(mode);
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0], a[1], a[2]).first; };
     } else if (name == "sincos_scalar") {
         w.in = {gpu(kiln::full({1}, 0.5))};
         auto c = kiln::compile([](const Tensor& v) { return Tensor(kiln::sin(v) + kiln::cos(v)); }, opt);
@@ -616,7 +674,7 @@ GpuWorkload gpu_workload(const std::string& name, kiln::Mode mode = kiln::Mode::
     }
     return w;
 }
-const char* const gpu_workloads[] = {"chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "sincos_scalar"};
+const char* const gpu_workloads[] = {"chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes", "sincos_scalar"};
 
 /// Child-process mode: the first call of a compiled GPU workload, in microseconds (the CUDA
 /// context is made first, so only kiln's trace, compile or disk load and the run are counted).
@@ -736,6 +794,16 @@ void bench_gpu(Bench& b, const std::string& self) {
         b.gpu_row("numpy_fn", "eager", bytes, [&] { y = numpy_fn(w.in[0], w.in[1], [](const auto& e) { return kiln::eager(e); }); }, 3);
         check_close("gpu numpy_fn", c.cpu(), y.cpu(), 1e-3);
     }
+    if (want("blackscholes")) {
+        GpuWorkload w = gpu_workload("blackscholes");
+        const double bytes = 5.0 * 4 * static_cast<double>(w.in[0].numel());
+        const Tensor c = compiled_rows("blackscholes", bytes, w);
+        std::pair<Tensor, Tensor> y;
+        b.gpu_row("blackscholes", "fused", bytes, [&] { y = blackscholes_fused(w.in[0], w.in[1], w.in[2]); });
+        b.gpu_row("blackscholes", "eager", bytes,
+                  [&] { y = blackscholes(w.in[0], w.in[1], w.in[2], [](const auto& e) { return kiln::eager(e); }); }, 5);
+        check_close("gpu blackscholes", c.cpu(), y.first.cpu(), 1e-4);
+    }
     if (want("sincos_scalar")) {
         GpuWorkload w = gpu_workload("sincos_scalar");
         const Tensor c = compiled_rows("sincos_scalar", 8, w);
@@ -815,6 +883,7 @@ int main(int argc, char** argv) {
             bench_softmax(b);
             bench_layernorm(b);
             bench_numpy_fn(b);
+            bench_blackscholes(b);
             bench_sincos_scalar(b);
             bench_models(b);
             b.summary();

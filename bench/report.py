@@ -28,7 +28,7 @@ import re
 import shlex
 import sys
 
-ORDER = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn",
+ORDER = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes",
          "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18")
 RATE_ROWS = ("copy", "gemm_bf16", "gemm_f32")
 NOT_FOR_BEST = {"warmstart", "host", "memcpy"}
@@ -63,6 +63,7 @@ DEFAULTS = {
     "softmax": {"bytes": 2 * 4 * 8192 * 4096},
     "layernorm": {"bytes": 4 * (2 * 8192 * 4096 + 2 * 4096)},
     "numpy_fn": {"bytes": 4 * (2 * 1024 * 640 + 1024)},
+    "blackscholes": {"bytes": 5 * 4 * (16 << 20)},
     "mlp_f32": {"flops": 2 * 64 * (1024 * 4096 * 2), "bytes": 4 * (_MLP_W + 2 * 64 * 1024)},
     "mlp_bf16": {"flops": 2 * 64 * (1024 * 4096 * 2), "bytes": 2 * (_MLP_W + 2 * 64 * 1024)},
     "bert_layer_f32": {"flops": _BERT_FLOPS, "bytes": 4 * (_bert_params() + 2 * 8 * 128 * 768)},

@@ -111,6 +111,20 @@ def sincos_fn(x):
     return torch.sin(x) + torch.cos(x)
 
 
+BS_R, BS_VOL = 0.02, 0.3
+
+
+def blackscholes_fn(s, k, t):
+    """A European call and put from one formula: two outputs sharing d1, d2 and the discount."""
+    def ncdf(z):
+        return 0.5 * (1.0 + torch.erf(z * 0.7071067811865476))
+
+    d1 = (torch.log(s / k) + t * (BS_R + 0.5 * BS_VOL * BS_VOL)) / (torch.sqrt(t) * BS_VOL)
+    d2 = d1 - torch.sqrt(t) * BS_VOL
+    disc = k * torch.exp(t * -BS_R)
+    return s * ncdf(d1) - disc * ncdf(d2), disc * ncdf(-d2) - s * ncdf(-d1)
+
+
 def numpy_fn(X, Y):
     """The seed's numpy definition, written as numpy would: the (n, m, m) outer product is formed
     (in eager) and summed; torch.compile may or may not factor it."""
@@ -271,6 +285,14 @@ def make_workload(name, device, tiny):
         # kiln_bench counts the weight and bias too: 4 * (2 * numel + 2 * cols)
         return dict(fn=layernorm_fn, inputs=(x, w, b), bytes=4 * (2 * r * c + 2 * c), flops=0, math=MATH_F32,
                     tol=TOL_F32_EW)
+    if name == "blackscholes":
+        n = (1 << 16) if tiny else (16 << 20)
+        g = _gen(dev, 7)
+        # kiln_bench: S, K uniform in [50, 100), T uniform in [0.25, 2.25)
+        s = torch.rand((n,), generator=g, device=dev) * 50 + 50
+        k = torch.rand((n,), generator=g, device=dev) * 50 + 50
+        t = torch.rand((n,), generator=g, device=dev) * 2 + 0.25
+        return dict(fn=blackscholes_fn, inputs=(s, k, t), bytes=5 * 4 * n, flops=0, math=MATH_F32, tol=(1e-4, 1e-4))
     if name == "numpy_fn":
         n, m = (32, 20) if tiny else (1024, 640)
         g = _gen(dev, 5)
@@ -317,7 +339,7 @@ def make_workload(name, device, tiny):
     raise ValueError(f"no workload {name}")
 
 
-WORKLOADS = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn",
+WORKLOADS = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes",
              "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18")
 
 
@@ -367,9 +389,20 @@ class Timer:
         return times
 
 
+def snapshot(out):
+    """A copy of a workload's output (a tensor, or a tuple of them) that later calls cannot overwrite."""
+    if isinstance(out, tuple):
+        return tuple(o.detach().clone() for o in out)
+    return out.detach().clone()
+
+
 def compare(out, ref, tol):
     """allclose with rtol and an atol scaled by max(1, max |ref|); returns (ok, max_abs_err, detail)."""
     rtol, atol_rel = tol
+    if isinstance(out, tuple) and isinstance(ref, tuple) and len(out) == len(ref):  # several outputs
+        results = [compare(o, r, tol) for o, r in zip(out, ref)]
+        bad = [r for r in results if not r[0]]
+        return (not bad), max(r[1] for r in results), bad[0][2] if bad else ""
     if not isinstance(out, torch.Tensor):
         return False, float("nan"), f"output is {type(out).__name__}, not a Tensor"
     if tuple(out.shape) != tuple(ref.shape):
@@ -594,10 +627,10 @@ class Anchor:
                     out = call()
                 out = call()
                 if method == "eager":
-                    ref = out.detach().clone()
+                    ref = snapshot(out)
                     row.update(ok=True, max_err=0.0)
                 else:
-                    ok, err, detail = compare(out.detach().clone(), ref, tol)
+                    ok, err, detail = compare(snapshot(out), ref, tol)
                     row.update(ok=ok, max_err=err)
                     if not ok:
                         row["error"] = f"output differs from eager: {detail}"
