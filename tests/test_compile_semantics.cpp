@@ -209,6 +209,27 @@ TEST_CASE("clones are copies: writing into the source later does not change a re
     CHECK(got.storage() != a.storage());
 }
 
+TEST_CASE("results that are distinct tensors in eager stay distinct memory after CSE; one tensor returned twice stays one") {
+    const Tensor x = kiln::randn({4, 5});
+    auto f = kiln::compile([](const Tensor& t) { return std::tuple{Tensor(t * 2.0), Tensor(t * 2.0), t.clone(), t.clone()}; });
+    auto [a, b, c, d] = f(x);
+    CHECK(a.storage() != b.storage());
+    CHECK(c.storage() != d.storage());
+    a.fill_(0.0);
+    c.fill_(0.0);
+    CHECK(maxdiff(b, Tensor(x * 2.0)) == 0);
+    CHECK(maxdiff(d, x) == 0);
+    // the same tensor (and a view of it) returned twice alias, as in eager
+    auto g = kiln::compile([](const Tensor& t) {
+        const Tensor y = t * 3.0;
+        return std::tuple{y, y.t()};
+    });
+    auto [p, q] = g(x);
+    CHECK(p.storage() == q.storage());
+    p.fill_(1.0);
+    CHECK(maxdiff(q, kiln::ones({5, 4})) == 0);
+}
+
 TEST_CASE("bools compile as eager computes them: sums, bool + bool (logical or), fills, conversions on writes") {
     kiln::manual_seed(3);
     const Tensor b = kiln::randint(0, 2, {9}, DType::boolean), b2 = kiln::randint(0, 2, {1, 7}, DType::boolean);

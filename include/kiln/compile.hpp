@@ -243,15 +243,25 @@ struct Entry {
     }
 };
 
-/// Outputs the passes made an input or a captured tensor (x * 1 is x; a clone assigned an
-/// argument is the argument) that the function did not return as such (`own[k]` false) become
-/// copies, so a result never shares memory with an argument the program writes back, or that the
-/// caller changes later: eager returns new memory there.
-inline void copy_aliased_outputs(ir::Graph& g, const std::vector<char>& own) {
-    for (std::size_t k = 0; k < own.size() && k < g.outputs.size(); ++k) {
-        int r = g.outputs[k];
+/// Results whose memory the program must copy, so that each is the memory eager would return:
+/// outputs the passes made an input or a captured tensor (x * 1 is x; a clone assigned an
+/// argument is the argument) that the function did not return as such (`own[k]` false), so a
+/// result never shares memory with an argument the program writes back or that the caller changes
+/// later; and outputs the passes merged with an earlier result of another eager memory (`memory`:
+/// x * 2 or x.clone() returned twice are one node after CSE, but two tensors in eager).
+inline void copy_aliased_outputs(ir::Graph& g, const std::vector<char>& own, const std::vector<const void*>& memory) {
+    auto root_of = [&](int r) {
         while (g[r].kind == ir::Kind::view) r = g[r].in[0];
-        if (own[k] || (g[r].kind != ir::Kind::input && g[r].kind != ir::Kind::constant)) continue;
+        return r;
+    };
+    const std::size_t n = std::min(own.size(), g.outputs.size());
+    std::vector<int> roots(n);
+    for (std::size_t k = 0; k < n; ++k) roots[k] = root_of(g.outputs[k]);
+    for (std::size_t k = 0; k < n; ++k) {
+        const int r = roots[k];
+        bool copy = !own[k] && (g[r].kind == ir::Kind::input || g[r].kind == ir::Kind::constant);
+        for (std::size_t j = 0; j < k && !copy && k < memory.size(); ++j) copy = roots[j] == r && memory[j] != memory[k];
+        if (!copy) continue;
         const ir::Node& o = g[g.outputs[k]];
         ir::Node c;
         c.kind = ir::Kind::elementwise;
@@ -833,11 +843,12 @@ private:
 
     /// Runs a segment through the segment cache (graph-breaking functions). `own` (the last
     /// segment): which results may be an argument's memory (detail::copy_aliased_outputs).
-    Executable segment_runner(const ir::Graph& raw, const std::vector<Tensor>& inputs, const std::vector<char>& own = {}) {
+    Executable segment_runner(const ir::Graph& raw, const std::vector<Tensor>& inputs, const std::vector<char>& own = {},
+                              const std::vector<const void*>& memory = {}) {
         // the key comes from the graph without freezing: folding makes new constants on every
         // trace, whose addresses would never hash the same twice
         ir::Graph g = passes::run_pipeline(raw, opt_.freeze ? nullptr : graph_logger());
-        detail::copy_aliased_outputs(g, own);
+        detail::copy_aliased_outputs(g, own, memory);
         const std::uint64_t h = ir::structural_hash(g);
         std::lock_guard lock(state_->seg_mu);
         for (const auto& s : state_->segments) {
@@ -848,7 +859,7 @@ private:
         }
         if (opt_.freeze) {
             g = passes::run_pipeline(raw, graph_logger(), {.freeze = true});
-            detail::copy_aliased_outputs(g, own);
+            detail::copy_aliased_outputs(g, own, memory);
         }
         detail::Segment s{h, {}, {}};
         for (const Tensor& t : inputs) s.guards.push_back(cache::TensorGuard::of(t, {}));
@@ -918,14 +929,16 @@ private:
         // one whole graph
         ir::Graph& g = tr.graph();
         std::vector<char> own;
+        std::vector<const void*> memory;
         for (const Tensor& t : outs.tensors) {
             g.outputs.push_back(tr.node_of(t));
             own.push_back(tr.returns_own_memory(t));
+            memory.push_back(tr.memory_of(t));
         }
         entry.writes = tr.write_backs();
         for (const auto& w : entry.writes) g.outputs.push_back(w.node);
         ir::Graph opt = passes::run_pipeline(g, graph_logger(), {.freeze = opt_.freeze});
-        detail::copy_aliased_outputs(opt, own);
+        detail::copy_aliased_outputs(opt, own, memory);
         bool dynamic = false;
         for (const auto& gd : entry.guards)
             for (auto d : gd.dims) dynamic = dynamic || d == cache::symbolic;
@@ -977,6 +990,7 @@ private:
         std::vector<Tensor> results(outs.tensors.size());
         std::vector<std::size_t> pending;
         std::vector<char> own;
+        std::vector<const void*> memory;
         ir::Graph& g = tr.graph();
         for (std::size_t i = 0; i < outs.tensors.size(); ++i) {
             const Tensor& t = outs.tensors[i];
@@ -987,13 +1001,14 @@ private:
             } else {
                 g.outputs.push_back(tr.node_of(t));
                 own.push_back(tr.returns_own_memory(t));
+                memory.push_back(tr.memory_of(t));
                 pending.push_back(i);
             }
         }
         const std::vector<trace::WriteBack> writes = tr.write_backs();
         for (const auto& w : writes) g.outputs.push_back(w.node);
         if (!g.outputs.empty()) {
-            std::vector<Tensor> got = segment_runner(g, tr.segment_inputs(), own)(tr.segment_inputs());
+            std::vector<Tensor> got = segment_runner(g, tr.segment_inputs(), own, memory)(tr.segment_inputs());
             detail::apply_writes(got, writes, flat.tensors);
             for (std::size_t k = 0; k < pending.size(); ++k) results[pending[k]] = got[k];
         }

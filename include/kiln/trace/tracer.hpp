@@ -316,6 +316,13 @@ public:
         return b.own_node >= 0 && b.node == b.own_node && b.segment == segment_;
     }
 
+    /// Which memory a result is in eager: its traced base, or a concrete tensor's storage. Two
+    /// results with one identity alias (y and y.t()); results with different ones never may, even
+    /// where the passes make them one node (x * 2 returned twice).
+    const void* memory_of(const Tensor& t) const {
+        return t.is_traced() ? static_cast<const void*>(checked(t)->base.get()) : static_cast<const void*>(t.storage().get());
+    }
+
     /// The writes the program must apply after it runs (the function wrote into an argument or
     /// into memory from outside the trace), each with its value's node in the current segment.
     std::vector<WriteBack> write_backs() {
