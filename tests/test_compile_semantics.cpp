@@ -230,6 +230,27 @@ TEST_CASE("results that are distinct tensors in eager stay distinct memory after
     CHECK(maxdiff(q, kiln::ones({5, 4})) == 0);
 }
 
+TEST_CASE("a write into an argument that another argument shares memory with is a CompileError, not a wrong value") {
+    auto fn = [](const Tensor& a, const Tensor& b) {
+        a.slice(0, 0, 1).fill_(1.0);
+        return Tensor(b * 2.0);  // eager reads the 1s through b when b is a
+    };
+    auto f = kiln::compile(fn);
+    Tensor x = kiln::randn({2, 3}), y = kiln::randn({2, 3});
+    const Tensor y0 = y.clone();
+    CHECK(maxdiff(f(x, y), Tensor(y0 * 2.0)) == 0);  // distinct arguments: compiled
+    CHECK_THROWS_AS(f(x, x), kiln::CompileError);     // the cached program refuses the aliased call
+    CHECK_THROWS_AS(kiln::compile(fn)(y, y.slice(0, 0, 1)), kiln::CompileError);  // and so does a first trace
+    // a captured tensor that the function writes into, passed as an argument too
+    Tensor w = kiln::zeros({3});
+    auto g = kiln::compile([&w](const Tensor& t) {
+        w.fill_(5.0);
+        return Tensor(t + 1.0);
+    });
+    CHECK(maxdiff(g(y), Tensor(y + 1.0)) == 0);
+    CHECK_THROWS_AS(g(w), kiln::CompileError);
+}
+
 TEST_CASE("bools compile as eager computes them: sums, bool + bool (logical or), fills, conversions on writes") {
     kiln::manual_seed(3);
     const Tensor b = kiln::randint(0, 2, {9}, DType::boolean), b2 = kiln::randint(0, 2, {1, 7}, DType::boolean);

@@ -396,8 +396,28 @@ TEST_CASE("compiled == eager: triu, masked_fill, one_hot, rms_norm, gather, scat
     for (std::int64_t k = 0; k < oh.numel(); ++k) CHECK(at(oh, k) == at(oh0, k));
 }
 
-// Writes into slices of a tensor created inside the traced function: these need functionalization
-// of such writes in the tracer (in progress).
+TEST_CASE("gather and scatter under automatic dynamic shapes check each call's sizes; scatter values are told apart exactly") {
+    // the second size makes dim 0 symbolic; later calls must check indices against their own size
+    auto g = kiln::compile([](const Tensor& x, const Tensor& i) { return kiln::gather(x, 0, i); });
+    auto s = kiln::compile([](const Tensor& x, const Tensor& i) { return kiln::scatter(x, 0, i, Tensor(x * 2.0)); });
+    for (std::int64_t rows : {64, 48, 32}) {
+        const Tensor x = kiln::randn({rows, 3}), ok = kiln::randint(0, rows, {5, 3});
+        const Tensor want = kiln::gather(x, 0, ok);
+        const Tensor got = g(x, ok);
+        REQUIRE(got.shape() == want.shape());
+        for (std::int64_t k = 0; k < got.numel(); ++k) CHECK(at(got, k) == at(want, k));
+        const Tensor bad = kiln::full({2, 3}, static_cast<double>(rows + 8), DType::i64);  // in range of the first size
+        CHECK_THROWS_AS(g(x, bad), kiln::ValueError);
+        CHECK_THROWS_AS(s(x, bad), kiln::ValueError);
+    }
+    // scatters of values that print alike with 6 decimals stay two different calls
+    const Tensor x = kiln::zeros({2, 2}, DType::f64), i = kiln::zeros({1, 2}, DType::i64);
+    auto two = kiln::compile([&](const Tensor& t) { return std::make_tuple(kiln::scatter(t, 0, i, 0.0), kiln::scatter(t, 0, i, 1e-9)); });
+    const auto [a, b] = two(x);
+    CHECK(at(a, 0) == 0.0);
+    CHECK(at(b, 0) == 1e-9);
+}
+
 TEST_CASE("compiled == eager: cat, stack, pad, roll") {
     const Tensor a = kiln::randn({3, 4}), b = kiln::randn({2, 4});
     auto f = kiln::compile([](const Tensor& p, const Tensor& q) {

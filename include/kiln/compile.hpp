@@ -274,6 +274,23 @@ inline void copy_aliased_outputs(ir::Graph& g, const std::vector<char>& own, con
     }
 }
 
+/// A program that writes into an argument, or into captured memory, traces each argument as its
+/// own value: when another argument shares that memory, its reads would miss the write and the
+/// write-backs could undo each other. That call is a CompileError, never a wrong value.
+inline void check_written_memory_unshared(const std::vector<trace::WriteBack>& writes, const std::vector<Tensor>& args) {
+    for (const auto& w : writes) {
+        const Tensor& dst = w.arg >= 0 ? args[static_cast<std::size_t>(w.arg)] : w.target;
+        if (!dst.storage()) continue;
+        for (std::size_t j = 0; j < args.size(); ++j)
+            if (static_cast<int>(j) != w.arg && args[j].storage() == dst.storage())
+                throw CompileError("kiln::compile: the function writes into " +
+                                   (w.arg >= 0 ? "argument " + std::to_string(w.arg) : std::string("a captured tensor")) +
+                                   ", and argument " + std::to_string(j) +
+                                   " shares its memory; pass tensors that do not overlap (clone one) or call the function "
+                                   "uncompiled");
+    }
+}
+
 /// Copies the values a program returned after its results (`outs`' last writes.size()) into the
 /// memory the traced function wrote into, and drops them from outs: torch's functionalization
 /// writes mutated inputs back at the end of the program in the same way.
@@ -672,9 +689,13 @@ public:
             if (!in_flight) break;
             state_->compiled.wait(lock);
         }
-        // a recompile: why, and whether the limit allows it
-        if (!state_->entries.empty()) {
-            const std::string why = mismatch_reason(*state_->entries.back(), flat);
+        // a recompile: why, and whether the limit allows it (a compile still in flight counts:
+        // concurrent first calls with other shapes are recompiles too)
+        const detail::Entry* last = !state_->entries.empty()     ? state_->entries.back().get()
+                                    : !state_->compiling.empty() ? state_->compiling.back().get()
+                                                                 : nullptr;
+        if (last) {
+            const std::string why = mismatch_reason(*last, flat);
             if (static_cast<int>(state_->entries.size() + state_->compiling.size()) >= opt_.recompile_limit) {
                 const std::string msg = "kiln::compile: recompile limit (" + std::to_string(opt_.recompile_limit) +
                                         ") reached; last reason: " + why;
@@ -696,30 +717,36 @@ public:
         }
         state_->compiles++;
         state_->compiling.push_back(entry);
+        // the entry leaves the in-flight list however this call ends, and the calls waiting on it
+        // wake (to find it cached, or to compile themselves after a throw)
+        struct InFlight {
+            State& state;
+            std::unique_lock<std::shared_mutex>& lock;
+            std::shared_ptr<detail::Entry> entry;
+            ~InFlight() {
+                if (!lock.owns_lock()) lock.lock();
+                std::erase(state.compiling, entry);
+                state.compiled.notify_all();
+            }
+        } in_flight{*state_, lock, entry};
         lock.unlock();
-        std::optional<R> result;
         bool still_polymorphic = true;
         std::vector<trace::Break> breaks;
-        try {
-            result.emplace(trace_first<R>(flat, *entry, still_polymorphic, breaks, args...));
-        } catch (...) {
-            lock.lock();
-            std::erase(state_->compiling, entry);
-            state_->compiled.notify_all();
-            throw;
-        }
+        R result = trace_first<R>(flat, *entry, still_polymorphic, breaks, args...);
+        lock.lock();
+        // waiters read an in-flight entry's guards under the lock, so they change only here: a
+        // program that cannot follow its symbolic dims is guarded on every size
+        if (!still_polymorphic)
+            for (std::size_t i = 0; i < entry->guards.size(); ++i) entry->guards[i] = cache::TensorGuard::of(flat.tensors[i], {});
         if (debug::log_on("guards")) {
             std::string s = "guards:";
             for (std::size_t i = 0; i < entry->guards.size(); ++i) s += " arg" + std::to_string(i) + "=" + entry->guards[i].str();
             debug::log("guards", s);
         }
-        lock.lock();
-        std::erase(state_->compiling, entry);
         state_->polymorphic = state_->polymorphic && still_polymorphic;
         state_->last_breaks = std::move(breaks);
-        state_->entries.push_back(std::move(entry));
-        state_->compiled.notify_all();
-        return std::move(*result);
+        state_->entries.push_back(entry);
+        return result;
     }
 
     /// Programs compiled so far (recompiles + 1), and cached entries.
@@ -789,6 +816,7 @@ private:
     template <class R, class... Args>
     R run_entry(const detail::Entry& e, const detail::Flat& flat, const Args&... args) {
         if (e.lazy) return trace_call<R>(flat, e, args...);
+        detail::check_written_memory_unshared(e.writes, flat.tensors);
         std::vector<Tensor> outs = e.run(flat.tensors);
         detail::apply_writes(outs, e.writes, flat.tensors);
         return unflatten<R>(outs, e.out_sizes);
@@ -936,6 +964,7 @@ private:
             memory.push_back(tr.memory_of(t));
         }
         entry.writes = tr.write_backs();
+        detail::check_written_memory_unshared(entry.writes, flat.tensors);
         for (const auto& w : entry.writes) g.outputs.push_back(w.node);
         ir::Graph opt = passes::run_pipeline(g, graph_logger(), {.freeze = opt_.freeze});
         detail::copy_aliased_outputs(opt, own, memory);
@@ -943,12 +972,10 @@ private:
         for (const auto& gd : entry.guards)
             for (auto d : gd.dims) dynamic = dynamic || d == cache::symbolic;
         // a view that slices, merges or broadcasts a symbolic dim bakes its size in: specialize
-        // after all, and mark no more dims dynamic
+        // after all (the caller re-guards the entry on every size, under its lock), and mark no
+        // more dims dynamic
         still_polymorphic = !dynamic || detail::follows_symbolic_dims(opt, flat.tensors, entry.guards);
-        if (dynamic && !still_polymorphic) {
-            for (std::size_t i = 0; i < entry.guards.size(); ++i) entry.guards[i] = cache::TensorGuard::of(flat.tensors[i], {});
-            dynamic = false;
-        }
+        if (!still_polymorphic) dynamic = false;
         entry.graph_text = ir::to_string(opt);
         {
             const fuse::Plan plan = fuse::plan(opt, opt_.limits);
@@ -1006,6 +1033,7 @@ private:
             }
         }
         const std::vector<trace::WriteBack> writes = tr.write_backs();
+        detail::check_written_memory_unshared(writes, flat.tensors);
         for (const auto& w : writes) g.outputs.push_back(w.node);
         if (!g.outputs.empty()) {
             std::vector<Tensor> got = segment_runner(g, tr.segment_inputs(), own, memory)(tr.segment_inputs());

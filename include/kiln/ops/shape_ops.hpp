@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -388,14 +389,21 @@ inline Tensor index_op(IndexOp m, const Tensor& x, std::int64_t dim, const Tenso
     const char* op = index_op_name(m);
     const UserOpScope scope(op, loc);
     const int d = check_index_operands(m, x, dim, index, src.defined() ? &src : nullptr, loc);
-    const std::int64_t n = x.rank() == 0 ? 1 : x.size(d);
     auto call = std::make_shared<ir::CallOp>();
-    call->key = std::string(op) + "(dim=" + std::to_string(d) + (m == IndexOp::scatter_value ? ", value=" + std::to_string(value.value) : "") + ")";
+    // the key tells calls apart for CSE and the caches: the value's exact bits (%a), not rounded
+    char value_text[64] = "";
+    if (m == IndexOp::scatter_value)
+        std::snprintf(value_text, sizeof value_text, ", value=%a:%d", value.value, static_cast<int>(value.kind));
+    call->key = std::string(op) + "(dim=" + std::to_string(d) + value_text + ")";
     const bool gather = m == IndexOp::gather;
     call->shape = [gather](const std::vector<Shape>& s) { return gather ? s[1] : s[0]; };
-    call->run = [m, d, n, value, loc](const std::vector<Tensor>& in) {
-        check_index_values(m, in[1], d, n, loc);
-        return run_index_op(m, in[0], d, in[1], in.size() > 2 ? in[2] : Tensor{}, value);
+    // a dynamic program calls this with other sizes than the trace's: shapes and index values are
+    // checked against each call's operands
+    call->run = [m, dim, value, loc](const std::vector<Tensor>& in) {
+        const Tensor src_in = in.size() > 2 ? in[2] : Tensor{};
+        const int dd = check_index_operands(m, in[0], dim, in[1], src_in.defined() ? &src_in : nullptr, loc);
+        check_index_values(m, in[1], dd, in[0].rank() == 0 ? 1 : in[0].size(dd), loc);
+        return run_index_op(m, in[0], dd, in[1], src_in, value);
     };
     std::vector<Tensor> operands{x, index};
     if (src.defined()) operands.push_back(src);

@@ -95,7 +95,6 @@ public:
     ir::Graph& graph() { return graph_; }
     const std::vector<Tensor>& segment_inputs() const { return inputs_; }
     const std::vector<Break>& breaks() const { return breaks_; }
-    int segment() const { return segment_; }
 
     /// A new graph input bound to `concrete`; `arg` >= 0: the flat argument it is (its base is
     /// written back into that argument when the function writes into it).

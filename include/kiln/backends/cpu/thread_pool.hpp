@@ -134,6 +134,9 @@ public:
         // joined before (its active_ increment precedes its read of open_, both seq_cst) is
         // counted, and finishes the tasks it claimed.
         open_.store(false, std::memory_order_seq_cst);
+        // the waits below load active_ with acquire only: the fence keeps that load after the store
+        // above (a store-load pair; without it ARM's acquire loads may see active_ early)
+        std::atomic_thread_fence(std::memory_order_seq_cst);
         spin_then_wait(active_, [](int a) { return a == 0; }, pause_for(caller_spin_time), caller_spin_time);
         job_ = nullptr;
         if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
