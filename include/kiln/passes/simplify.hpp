@@ -72,7 +72,7 @@ inline ir::Graph simplify(const ir::Graph& g) {
             }
         } else if (n.kind == Kind::reduce && n.rkind == ir::ReduceKind::sum && is_floating(n.dtype)) {
             result = [&]() -> int {
-                const ir::Node& m = out[n.in[0]];
+                const ir::Node m = out[n.in[0]];  // a copy: out.add() below may move the nodes
                 if (m.kind != Kind::elementwise || ops::op_name(m.op) != "mul" || !is_floating(m.dtype)) return -1;
                 const int a = m.in[0], b = m.in[1];
                 if (out[a].kind == Kind::scalar || out[b].kind == Kind::scalar) return -1;
