@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <kiln/kiln.hpp>
+
+#include "test_util.hpp"
 #include <kiln/backends/cuda/matmul.hpp>
 
 #include <algorithm>
@@ -23,13 +25,6 @@ using kiln::Tensor;
 using kiln::cuda::Epilogue;
 namespace kc = kiln::cuda;
 namespace kcd = kiln::cuda::detail;
-
-/// True when a CUDA device is present; otherwise says the test was skipped.
-bool have_gpu() {
-    if (kc::is_available()) return true;
-    MESSAGE("no CUDA device: GPU part skipped");
-    return false;
-}
 
 /// ||out - ref|| / ||ref|| over host tensors of one shape (infinity if out has a non-finite element).
 double rel_err(const Tensor& out, const Tensor& ref) {
@@ -257,8 +252,7 @@ TEST_CASE("cuda_blas: pointer alignments handed to the heuristic") {
     CHECK(kcd::pointer_alignment(at(0x10000), 24) == 8);  // batch members 24 bytes apart
 }
 
-TEST_CASE("cuda_blas: gemm without a device throws DeviceError") {
-    if (kc::is_available()) return;
+TEST_CASE("cuda_blas: gemm without a device throws DeviceError" * doctest::test_suite("no_gpu") * doctest::skip(kiln_test::has_cuda())) {
     kcd::GemmProblem p;
     p.m = p.n = p.k = 2;
     p.a.ld = p.b.ld = p.c.ld = 2;
@@ -270,8 +264,7 @@ TEST_CASE("cuda_blas: gemm without a device throws DeviceError") {
 // On a GPU: against the CPU
 // ---------------------------------------------------------------------------------------------
 
-TEST_CASE("cuda_blas: f32 products match a float64 reference (rel err < 1e-5)") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: f32 products match a float64 reference (rel err < 1e-5)" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(11);
     const Tf32Scope strict(false);
     const std::vector<std::array<std::int64_t, 3>> shapes = {{33, 65, 17}, {1, 1, 1}, {64, 48, 32}, {7, 129, 3}, {5, 3, 300}};
@@ -289,16 +282,14 @@ TEST_CASE("cuda_blas: f32 products match a float64 reference (rel err < 1e-5)") 
     }
 }
 
-TEST_CASE("cuda_blas: a 1024x1024x1024 f32 product (rel err < 1e-5)") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: a 1024x1024x1024 f32 product (rel err < 1e-5)" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(12);
     const Tf32Scope strict(false);
     const Tensor a = kiln::randn({1024, 1024}), b = kiln::randn({1024, 1024});
     CHECK(rel_err(gpu_matmul(cuda(a), cuda(b), {1024, 1024}, DType::f32), ref_matmul(a, b)) < 1e-5);
 }
 
-TEST_CASE("cuda_blas: f32 with tf32 allowed (rel err < 5e-3)") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: f32 with tf32 allowed (rel err < 5e-3)" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(13);
     const Tf32Scope tf32(true);
     for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{33, 65, 17}, {256, 128, 512}}) {
@@ -307,8 +298,7 @@ TEST_CASE("cuda_blas: f32 with tf32 allowed (rel err < 5e-3)") {
     }
 }
 
-TEST_CASE("cuda_blas: bf16 and f16 compute in f32 (rel err < 2e-2)") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: bf16 and f16 compute in f32 (rel err < 2e-2)" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(14);
     for (DType dt : {DType::bf16, DType::f16}) {
         CAPTURE(kiln::dtype_name(dt));
@@ -321,15 +311,13 @@ TEST_CASE("cuda_blas: bf16 and f16 compute in f32 (rel err < 2e-2)") {
     }
 }
 
-TEST_CASE("cuda_blas: f64 products (rel err < 1e-12)") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: f64 products (rel err < 1e-12)" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(15);
     const Tensor a = kiln::randn({33, 17}, DType::f64), b = kiln::randn({17, 65}, DType::f64);
     CHECK(rel_err(gpu_matmul(cuda(a), cuda(b), {33, 65}, DType::f64), ref_matmul(a, b)) < 1e-12);
 }
 
-TEST_CASE("cuda_blas: transposed operands are read in place") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: transposed operands are read in place" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(16);
     const Tensor at = kiln::randn({17, 33}), bt = kiln::randn({65, 17});
     const Tensor a = at.t(), b = bt.t();  // (33, 17) and (17, 65), column-major
@@ -346,8 +334,7 @@ TEST_CASE("cuda_blas: transposed operands are read in place") {
     CHECK(rel_err(gpu_matmul(cuda(ah).t(), cuda(bh).t(), {33, 65}, DType::bf16), ref_matmul(ah.t(), bh.t())) < 2e-2);
 }
 
-TEST_CASE("cuda_blas: batched products broadcast the batch") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: batched products broadcast the batch" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(17);
     const Tensor a = kiln::randn({3, 4, 5}), b = kiln::randn({5, 6});
     CHECK(rel_err(gpu_matmul(cuda(a), cuda(b), {3, 4, 6}, DType::f32), ref_matmul(a, b)) < 1e-5);
@@ -359,8 +346,7 @@ TEST_CASE("cuda_blas: batched products broadcast the batch") {
     CHECK(r.shape() == Shape{3, 4, 6});
 }
 
-TEST_CASE("cuda_blas: 1-D operands") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: 1-D operands" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(18);
     const Tensor v = kiln::randn({5}), w = kiln::randn({5}), m = kiln::randn({5, 6}), n = kiln::randn({4, 5});
     CHECK(rel_err(gpu_matmul(cuda(v), cuda(m), {6}, DType::f32), ref_matmul(v, m)) < 1e-5);
@@ -372,8 +358,7 @@ TEST_CASE("cuda_blas: 1-D operands") {
     CHECK(kc::matmul(cuda(n), cuda(v)).shape() == Shape{4});
 }
 
-TEST_CASE("cuda_blas: misaligned views still work") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: misaligned views still work" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(19);
     for (DType dt : {DType::f32, DType::f16}) {
         CAPTURE(kiln::dtype_name(dt));
@@ -390,8 +375,7 @@ TEST_CASE("cuda_blas: misaligned views still work") {
     }
 }
 
-TEST_CASE("cuda_blas: epilogues match the CPU composition (f32 rel err < 1e-4)") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: epilogues match the CPU composition (f32 rel err < 1e-4)" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(20);
     const Tf32Scope strict(false);
     const Tensor a = kiln::randn({33, 17}), b = kiln::randn({17, 65}), bias = kiln::randn({65});
@@ -419,8 +403,7 @@ TEST_CASE("cuda_blas: epilogues match the CPU composition (f32 rel err < 1e-4)")
                   Tensor(kiln::relu(ref_matmul(ah, bh) + biash.to(DType::f64)))) < 2e-2);
 }
 
-TEST_CASE("cuda_blas: empty products and k == 0") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: empty products and k == 0" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor e = kc::matmul(cuda(kiln::randn({0, 5})), cuda(kiln::randn({5, 3})));
     CHECK(e.shape() == Shape{0, 3});
     const Tensor a = kiln::randn({3, 0}), b = kiln::randn({0, 4});
@@ -432,8 +415,7 @@ TEST_CASE("cuda_blas: empty products and k == 0") {
     CHECK(rel_err(r, Tensor(kiln::relu(kiln::zeros({3, 4}) + bias))) < 1e-6);
 }
 
-TEST_CASE("cuda_blas: layouts that need a copy and dtype conversions (device kernels)") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: layouts that need a copy and dtype conversions (device kernels)" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(21);
     // no unit stride
     const Tensor big = kiln::randn({66, 34});
@@ -453,8 +435,7 @@ TEST_CASE("cuda_blas: layouts that need a copy and dtype conversions (device ker
                   Tensor(ref_matmul(ah, bh) + bias.to(DType::f64))) < 2e-2);
 }
 
-TEST_CASE("cuda_blas: errors on the device") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: errors on the device" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = cuda(kiln::randn({3, 4})), b = cuda(kiln::randn({4, 5})), bc = kiln::randn({4, 5});
     try {
         (void)kc::matmul(a, bc);
@@ -488,8 +469,7 @@ TEST_CASE("cuda_blas: errors on the device") {
     CHECK_THROWS_AS(kc::matmul_out(alias, a, cuda(kiln::randn({4, 4}))), kiln::ValueError);
 }
 
-TEST_CASE("cuda_blas: concurrent products from several threads and streams") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda_blas: concurrent products from several threads and streams" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(22);
     struct Case {
         Tensor a, b, ref;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <unistd.h>
 #include <kiln/kiln.hpp>
+#include <kiln/passes/pipeline.hpp>  // the passes, run directly
 #include <string>
 #include <vector>
 

@@ -2,7 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <kiln/backends/cuda/nvrtc.hpp>
-#include <kiln/cache/kernel_cache.hpp>
+#include <kiln/backends/cuda/kernel_cache.hpp>
 
 #include <atomic>
 #include <cstdlib>

@@ -7,20 +7,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <kiln/kiln.hpp>
+#include <kiln/backends/cuda/graphs.hpp>  // cuda::GraphStats
 #include <string>
 #include <thread>
 #include <unistd.h>
 #include <vector>
 
+#include "test_util.hpp"
+
 namespace {
 
 using namespace kiln;
-
-#define KILN_NEED_GPU()                            \
-    if (!cuda::is_available()) {                   \
-        MESSAGE("no CUDA device: skipped");        \
-        return;                                    \
-    }
 
 Tensor cu(const Tensor& t) { return t.to(Device::cuda()); }
 
@@ -58,8 +55,7 @@ std::pair<Tensor, Tensor> both(F&& fn, const std::vector<Tensor>& args) {
 
 }  // namespace
 
-TEST_CASE("cuda: an expression statement is one kernel and matches the CPU") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: an expression statement is one kernel and matches the CPU" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = randn({513, 257}), b = randn({257});
     for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
         INFO(dtype_name(dt));
@@ -80,8 +76,7 @@ TEST_CASE("cuda: an expression statement is one kernel and matches the CPU") {
     }
 }
 
-TEST_CASE("cuda: transposed, strided, broadcast and misaligned operands") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: transposed, strided, broadcast and misaligned operands" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = randn({300, 200}), c = randn({200, 1}), s = randn({301});
     const Tensor ad = cu(a), cd = cu(c), sd = cu(s);
     CHECK(rel_err(Tensor(ad.t() * 2 + cd), Tensor(a.t() * 2 + c)) < 1e-6);
@@ -93,8 +88,7 @@ TEST_CASE("cuda: transposed, strided, broadcast and misaligned operands") {
     CHECK(rel_err(Tensor(kiln::sin(one) + kiln::cos(one)), Tensor(kiln::sin(full({1}, 2.5)) + kiln::cos(full({1}, 2.5)))) < 1e-6);
 }
 
-TEST_CASE("cuda: eager ops, one kernel each, agree with the fused statement") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: eager ops, one kernel each, agree with the fused statement" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = cu(randn({1000, 33})), y = cu(randn({33}));
     const auto e = kiln::exp(x) * y + kiln::tanh(x) - 1.5;
     CHECK(rel_err(eager(e), Tensor(e)) < 1e-6);
@@ -104,8 +98,7 @@ TEST_CASE("cuda: eager ops, one kernel each, agree with the fused statement") {
     CHECK(equal(Tensor(kiln::where(i > 0, i, -i)), Tensor(kiln::where(i.cpu() > 0, i.cpu(), -i.cpu()))));
 }
 
-TEST_CASE("cuda: reductions over every axis pattern, keepdim, and long rows (split)") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: reductions over every axis pattern, keepdim, and long rows (split)" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = randn({37, 41, 29});
     const Tensor xd = cu(x);
     for (const Axes& ax : {Axes{}, Axes{0}, Axes{1}, Axes{2}, Axes{0, 2}, Axes{1, 2}}) {
@@ -130,8 +123,7 @@ TEST_CASE("cuda: reductions over every axis pattern, keepdim, and long rows (spl
     CHECK(sum(cu(ints), 0).dtype() == DType::i64);
 }
 
-TEST_CASE("cuda: softmax, log_softmax, layer_norm and logsumexp rows") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: softmax, log_softmax, layer_norm and logsumexp rows" * doctest::skip(kiln_test::no_cuda())) {
     for (std::int64_t L : {1, 7, 64, 1000, 4096, 5000}) {
         INFO("row length " << L);
         const Tensor x = randn({129, L}), w = randn({L}), b = randn({L});
@@ -146,15 +138,13 @@ TEST_CASE("cuda: softmax, log_softmax, layer_norm and logsumexp rows") {
     CHECK(rel_err(softmax(cu(h), -1), softmax(h, -1)) < 1e-2);
 }
 
-TEST_CASE("cuda: matmul routes to cuBLASLt from kiln::matmul") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: matmul routes to cuBLASLt from kiln::matmul" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = randn({64, 48}), b = randn({48, 80});
     CHECK(rel_err(kiln::matmul(cu(a), cu(b)), kiln::matmul(a.to(DType::f64), b.to(DType::f64))) < 1e-5);
     CHECK_THROWS_AS(kiln::matmul(cu(a), b), DeviceError);
 }
 
-TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU and matches it") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU and matches it" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor w1 = randn({64, 128}), b1 = randn({128}), w2 = randn({128, 32});
     const Tensor w1d = cu(w1), b1d = cu(b1), w2d = cu(w2);
     auto mlp = [](const Tensor& w1_, const Tensor& b1_, const Tensor& w2_) {
@@ -178,8 +168,7 @@ TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU and matches 
     CHECK(rel_err(gg(cu(x)), rc) < 1e-4);
 }
 
-TEST_CASE("cuda: bias, relu and gelu_tanh after a matmul run as cuBLASLt epilogues, one library call") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: bias, relu and gelu_tanh after a matmul run as cuBLASLt epilogues, one library call" * doctest::skip(kiln_test::no_cuda())) {
     for (DType dt : {DType::f32, DType::bf16}) {
         CAPTURE(dtype_name(dt));
         const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
@@ -213,8 +202,7 @@ TEST_CASE("cuda: bias, relu and gelu_tanh after a matmul run as cuBLASLt epilogu
     CHECK(rel_err(kiln::matmul(cu(x), cu(w)), kiln::matmul(x, w)) < 1e-5);
 }
 
-TEST_CASE("cuda: a compiled function with a graph break and views") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: a compiled function with a graph break and views" * doctest::skip(kiln_test::no_cuda())) {
     auto f = compile([](const Tensor& x) {
         Tensor y = Tensor(x * 2).reshape({-1, 4}).t();
         if (sum(y).item<float>() > 0) return Tensor(y + 1);
@@ -229,8 +217,7 @@ TEST_CASE("cuda: a compiled function with a graph break and views") {
     CHECK(rel_err(f(cu(x)), expect) < 1e-6);
 }
 
-TEST_CASE("cuda: copy_, fill_ and assign into CUDA tensors") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: copy_, fill_ and assign into CUDA tensors" * doctest::skip(kiln_test::no_cuda())) {
     Tensor d = cu(zeros({10, 10}));
     const Tensor s = randn({10, 10});
     d.copy_(cu(s));
@@ -243,8 +230,7 @@ TEST_CASE("cuda: copy_, fill_ and assign into CUDA tensors") {
     CHECK(equal(d, full({10, 10}, 3.0)));
 }
 
-TEST_CASE("cuda: work follows the stream a StreamGuard selects") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: work follows the stream a StreamGuard selects" * doctest::skip(kiln_test::no_cuda())) {
     cuda::Stream s;
     const Tensor x = randn({1 << 20});
     Tensor r;
@@ -257,8 +243,7 @@ TEST_CASE("cuda: work follows the stream a StreamGuard selects") {
     CHECK(rel_err(r, Tensor(x * 2 + 1)) < 1e-7);
 }
 
-TEST_CASE("cuda: statements from several threads") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: statements from several threads" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = randn({4096});
     const Tensor expect = Tensor(kiln::sqrt(kiln::abs(x)) + 1);
     std::vector<std::thread> ts;
@@ -273,8 +258,7 @@ TEST_CASE("cuda: statements from several threads") {
     for (double e : errs) CHECK(e < 1e-7);
 }
 
-TEST_CASE("cuda: mixing devices is a DeviceError naming both devices and the caller") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: mixing devices is a DeviceError naming both devices and the caller" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = cu(randn({4})), b = randn({4});
     try {
         (void)Tensor(a + b);
@@ -287,8 +271,7 @@ TEST_CASE("cuda: mixing devices is a DeviceError naming both devices and the cal
     }
 }
 
-TEST_CASE("cuda: reduce_overhead replays CUDA graphs, binds stable inputs and never overwrites held outputs") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: reduce_overhead replays CUDA graphs, binds stable inputs and never overwrites held outputs" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor w = randn({64, 32}), b = randn({32});
     const Tensor wd = cu(w), bd = cu(b);
     auto fn = [&](const Tensor& x) { return Tensor(gelu_tanh(matmul(x, wd) + bd) * 2.0 + sum(softmax(x, -1), {-1}, true)); };
@@ -349,8 +332,7 @@ TEST_CASE("cuda: reduce_overhead replays CUDA graphs, binds stable inputs and ne
     for (int i = 0; i < 3; ++i) CHECK(rel_err(f(cu(x2)), ref_fn(x2)) < 1e-5);
 }
 
-TEST_CASE("cuda: nn blocks (Linear epilogues, BertLayer, Embedding) match the CPU: direct, compiled, reduce_overhead") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: nn blocks (Linear epilogues, BertLayer, Embedding) match the CPU: direct, compiled, reduce_overhead" * doctest::skip(kiln_test::no_cuda())) {
     manual_seed(21);
     nn::BertLayer cpu_layer(64, 4, 128);
     const Tensor x = randn({2, 16, 64});
@@ -389,8 +371,7 @@ TEST_CASE("cuda: nn blocks (Linear epilogues, BertLayer, Embedding) match the CP
     CHECK_THROWS_AS(embd(ids), DeviceError);
 }
 
-TEST_CASE("cuda: conv2d, pooling and ResNet-18 match the CPU: direct, compiled, reduce_overhead") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: conv2d, pooling and ResNet-18 match the CPU: direct, compiled, reduce_overhead" * doctest::skip(kiln_test::no_cuda())) {
     manual_seed(22);
     for (std::int64_t k : {1, 3, 7}) {
         nn::Window win;
@@ -426,8 +407,7 @@ TEST_CASE("cuda: conv2d, pooling and ResNet-18 match the CPU: direct, compiled, 
     MESSAGE("resnet18 (BatchNorm folded) on CUDA: " << f.kernels() << " kernels and library calls");
 }
 
-TEST_CASE("cuda: cuDNN convolutions (bias, relu, residual, stride, dilation, dtypes) and the direct max pool match float64") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: cuDNN convolutions (bias, relu, residual, stride, dilation, dtypes) and the direct max pool match float64" * doctest::skip(kiln_test::no_cuda())) {
     MESSAGE("cuDNN: " << (cuda::cudnn::available() ? "version " + std::to_string(cuda::cudnn::version())
                                                    : "not used (" + cuda::cudnn::unavailable_reason() + ")"));
     manual_seed(23);
@@ -520,8 +500,7 @@ TEST_CASE("cuda: cuDNN convolutions (bias, relu, residual, stride, dilation, dty
     }
 }
 
-TEST_CASE("cuda: triu, tril, masked_fill, one_hot and rms_norm match the CPU") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: triu, tril, masked_fill, one_hot and rms_norm match the CPU" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = randn({3, 5, 6}), w = randn({6});
     const Tensor mask = Tensor(randn({5, 1}) > 0.0);
     for (std::int64_t d : {-2, 0, 3}) {
@@ -538,8 +517,7 @@ TEST_CASE("cuda: triu, tril, masked_fill, one_hot and rms_norm match the CPU") {
     CHECK(g3.dtype() == DType::f32);
 }
 
-TEST_CASE("cuda: cat, stack, split, chunk, pad and roll match the CPU") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: cat, stack, split, chunk, pad and roll match the CPU" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = randn({3, 4}), b = randn({2, 4}), c = randn({3, 4}).to(DType::f64);
     // along dim 0 every piece lands in a contiguous slice of the result
     auto [c0, g0] = both([](const std::vector<Tensor>& t) { return kiln::cat({t[0], t[1], t[2].slice(0, 0, 1)}, 0); }, {a, b, c});
@@ -563,8 +541,7 @@ TEST_CASE("cuda: cat, stack, split, chunk, pad and roll match the CPU") {
     CHECK(equal(g5, c5));
 }
 
-TEST_CASE("cuda: gather, scatter, scatter_add and take_along_dim run as generated kernels and match the CPU") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: gather, scatter, scatter_add and take_along_dim run as generated kernels and match the CPU" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = randn({6, 7, 5}).transpose(0, 2);  // (5, 7, 6), strided
     for (int d = 0; d < 3; ++d) {
         Shape is{4, 6, 5};
@@ -597,8 +574,7 @@ TEST_CASE("cuda: gather, scatter, scatter_add and take_along_dim run as generate
     CHECK_THROWS_AS((void)kiln::gather(cu(y), 1, cu(full({1, 1}, 6, DType::i64))), ValueError);
 }
 
-TEST_CASE("cuda: kiln::compile of the new ops matches eager, op by op") {
-    KILN_NEED_GPU();
+TEST_CASE("cuda: kiln::compile of the new ops matches eager, op by op" * doctest::skip(kiln_test::no_cuda())) {
     const std::vector<Tensor> args{cu(randn({3, 4})), cu(randn({2, 4})), cu(randint(0, 4, {3, 2})), cu(randn({4}))};
     using Fn = Tensor (*)(const std::vector<Tensor>&);
     const std::pair<const char*, Fn> cases[] = {

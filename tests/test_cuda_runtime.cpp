@@ -18,6 +18,8 @@
 
 #include <kiln/kiln.hpp>
 
+#include "test_util.hpp"
+
 namespace {
 
 using kiln::Device;
@@ -58,20 +60,6 @@ std::string no_device_reason() {
     return d.ok() ? std::string("no CUDA device 0") : d.error;
 }
 
-/// True where a GPU is present; otherwise records why the test was skipped.
-bool have_gpu() {
-    if (cuda::is_available()) return true;
-    MESSAGE("skipped: no CUDA device (" << no_device_reason() << ")");
-    return false;
-}
-
-/// True where no GPU is present (the tests of the errors kiln gives then).
-bool no_gpu() {
-    if (!cuda::is_available()) return true;
-    MESSAGE("skipped: a CUDA device is present");
-    return false;
-}
-
 bool same_bytes(const Tensor& a, const Tensor& b) {
     REQUIRE(a.device().is_cpu());
     REQUIRE(b.device().is_cpu());
@@ -100,8 +88,7 @@ Tensor fake_cuda_tensor() {
 
 // ------------------------------------------------------------------ anywhere (no GPU needed)
 
-TEST_CASE("without a driver: nothing is available and properties() says why") {
-    if (!no_gpu()) return;
+TEST_CASE("without a driver: nothing is available and properties() says why" * doctest::test_suite("no_gpu") * doctest::skip(kiln_test::has_cuda())) {
     CHECK_FALSE(cuda::is_available());
     CHECK(cuda::device_count() == 0);
     check_contains(message_of<kiln::DeviceError>([] { (void)cuda::properties(0); }),
@@ -118,8 +105,7 @@ TEST_CASE("without a driver: nothing is available and properties() says why") {
     check_contains(message_of<kiln::DeviceError>([] { cuda::Event e(0); }), {no_device_reason()});
 }
 
-TEST_CASE("without a driver: creating or moving a CUDA tensor throws DeviceError naming the caller's line") {
-    if (!no_gpu()) return;
+TEST_CASE("without a driver: creating or moving a CUDA tensor throws DeviceError naming the caller's line" * doctest::test_suite("no_gpu") * doctest::skip(kiln_test::has_cuda())) {
     const std::string why = no_device_reason();
     const Tensor h = kiln::arange(0, 6, 1, DType::f32).view({2, 3});
     struct Case {
@@ -276,8 +262,7 @@ TEST_CASE("device overloads of the factories on the CPU equal the plain ones") {
 
 // ------------------------------------------------------------------ with a GPU
 
-TEST_CASE("gpu: device properties are sane") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: device properties are sane" * doctest::skip(kiln_test::no_cuda())) {
     CHECK(cuda::device_count() >= 1);
     const cuda::DeviceProperties& p = cuda::properties(0);
     MESSAGE("cuda:0 is " << p.name << ", sm_" << p.arch() << ", " << p.sm_count << " SMs, " << (p.total_memory >> 20) << " MiB");
@@ -287,8 +272,7 @@ TEST_CASE("gpu: device properties are sane") {
     CHECK(p.total_memory > 0);
 }
 
-TEST_CASE("gpu: to(cuda) then cpu() is bitwise exact for every dtype and size") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: to(cuda) then cpu() is bitwise exact for every dtype and size" * doctest::skip(kiln_test::no_cuda())) {
     for (DType dt : kiln::all_dtypes) {
         for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1000}, std::int64_t{3000000}}) {
             INFO(kiln::dtype_name(dt) << " x " << n);
@@ -306,8 +290,7 @@ TEST_CASE("gpu: to(cuda) then cpu() is bitwise exact for every dtype and size") 
     }
 }
 
-TEST_CASE("gpu: a strided host source is made contiguous first") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: a strided host source is made contiguous first" * doctest::skip(kiln_test::no_cuda())) {
     for (Shape s : {Shape{30, 50}, Shape{1500, 1000}}) {  // small, and large enough for the pinned path
         const Tensor h = kiln::randn(s).t();
         REQUIRE_FALSE(h.is_contiguous());
@@ -320,8 +303,7 @@ TEST_CASE("gpu: a strided host source is made contiguous first") {
     CHECK(same_bytes(b.cuda().cpu(), b.contiguous()));
 }
 
-TEST_CASE("gpu: a strided CUDA source is made contiguous on its device before it moves") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: a strided CUDA source is made contiguous on its device before it moves" * doctest::skip(kiln_test::no_cuda())) {
     // contiguous() of a strided CUDA view runs a generated kernel (the expression evaluator's CUDA path)
     const Tensor h = kiln::randn({300, 500});
     const Tensor d = h.cuda();
@@ -332,8 +314,7 @@ TEST_CASE("gpu: a strided CUDA source is made contiguous on its device before it
     CHECK(same_bytes(back, h.t().to(DType::f64)));
 }
 
-TEST_CASE("gpu: copy_ across devices converts and broadcasts") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: copy_ across devices converts and broadcasts" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor h64 = kiln::randn({4, 5}, DType::f64);
     Tensor d = kiln::empty({4, 5}, DType::f32, Device::cuda());
     d.copy_(h64);  // converted on the host, then moved
@@ -353,8 +334,7 @@ TEST_CASE("gpu: copy_ across devices converts and broadcasts") {
     CHECK(same_bytes(same, row.expand({4, 5}).contiguous()));
 }
 
-TEST_CASE("gpu: clone and copies on one device use device-to-device copies") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: clone and copies on one device use device-to-device copies" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor h = kiln::randn({1000});
     Tensor d = h.cuda();
     const Tensor c = d.clone();
@@ -375,8 +355,7 @@ TEST_CASE("gpu: clone and copies on one device use device-to-device copies") {
     CHECK(std::memcmp(rh.data_ptr(), want, sizeof want) == 0);
 }
 
-TEST_CASE("gpu: factories on a device give the CPU factory's values") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: factories on a device give the CPU factory's values" * doctest::skip(kiln_test::no_cuda())) {
     const Device gpu = Device::cuda();
     for (DType dt : kiln::all_dtypes) {
         INFO(kiln::dtype_name(dt));
@@ -411,8 +390,7 @@ TEST_CASE("gpu: factories on a device give the CPU factory's values") {
     CHECK(same_bytes(m.cpu(), kiln::full({64, 32}, 3.0)));
 }
 
-TEST_CASE("gpu: the allocator reuses freed blocks and keeps its statistics") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: the allocator reuses freed blocks and keeps its statistics" * doctest::skip(kiln_test::no_cuda())) {
     cuda::empty_cache();
     const cuda::DeviceMemoryStats s0 = cuda::memory_stats();
     CHECK(s0.bytes_cached == 0);
@@ -460,8 +438,7 @@ TEST_CASE("gpu: the allocator reuses freed blocks and keeps its statistics") {
     CHECK(s5.bytes_in_use == s0.bytes_in_use);
 }
 
-TEST_CASE("gpu: out of memory frees the cache, retries, then throws OutOfMemory with the numbers") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: out of memory frees the cache, retries, then throws OutOfMemory with the numbers" * doctest::skip(kiln_test::no_cuda())) {
     const std::size_t total = cuda::properties(0).total_memory;
     { const Tensor cached(Shape{1 << 20}, DType::f32, Device::cuda()); }  // something for the retry to free
     const cuda::DeviceMemoryStats s0 = cuda::memory_stats();
@@ -480,8 +457,7 @@ TEST_CASE("gpu: out of memory frees the cache, retries, then throws OutOfMemory 
     CHECK(same_bytes(h.cuda().cpu(), h));
 }
 
-TEST_CASE("gpu: a block freed on another stream is reused only on that stream") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: a block freed on another stream is reused only on that stream" * doctest::skip(kiln_test::no_cuda())) {
     const Shape s{12345};  // a size class no other test uses
     cuda::empty_cache();
     {
@@ -514,8 +490,7 @@ TEST_CASE("gpu: a block freed on another stream is reused only on that stream") 
     cuda::empty_cache();  // the side stream is gone: drop its bins
 }
 
-TEST_CASE("gpu: element access on a CUDA tensor") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: element access on a CUDA tensor" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = kiln::arange(0, 10, 1, DType::f32, Device::cuda());
     CHECK(x.select(0, 3).item<float>() == 3.0f);
     CHECK(x.item<float>(7) == 7.0f);
@@ -530,8 +505,7 @@ TEST_CASE("gpu: element access on a CUDA tensor") {
     MESSAGE(kiln::to_string(kiln::ones({2, 2}, DType::f16, Device::cuda())));
 }
 
-TEST_CASE("gpu: events time a large copy") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: events time a large copy" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor h = kiln::randn({1 << 24});  // 64 MiB
     cuda::Event start(0), stop(0);
     start.record(cuda::current_stream(0));
@@ -548,8 +522,7 @@ TEST_CASE("gpu: events time a large copy") {
     CHECK(same_bytes(back, h));
 }
 
-TEST_CASE("gpu: concurrent allocations and transfers from 4 threads") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: concurrent allocations and transfers from 4 threads" * doctest::skip(kiln_test::no_cuda())) {
     const cuda::DeviceMemoryStats s0 = cuda::memory_stats();
     std::mutex failures_mutex;
     std::vector<std::string> failures;
@@ -582,8 +555,7 @@ TEST_CASE("gpu: concurrent allocations and transfers from 4 threads") {
     CHECK(s1.allocations >= s0.allocations + 800);
 }
 
-TEST_CASE("gpu: copies between two devices go through the host") {
-    if (!have_gpu()) return;
+TEST_CASE("gpu: copies between two devices go through the host" * doctest::skip(kiln_test::no_cuda())) {
     if (cuda::device_count() < 2) {
         MESSAGE("skipped: one CUDA device");
         return;

@@ -19,20 +19,13 @@ using kiln::Tensor;
 
 namespace {
 
-bool have_gpu() {
-    if (kiln::cuda::is_available()) return true;
-    MESSAGE("skipped: no CUDA device");
-    return false;
-}
-
 Tensor dev(const Tensor& t) { return t.to(Device::cuda()); }
 
 using kiln_test::maxdiff;
 
 }  // namespace
 
-TEST_CASE("cuda: a statement written into a strided view (eager, fused, copy_, fill_) matches the CPU") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda: a statement written into a strided view (eager, fused, copy_, fill_) matches the CPU" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor h = kiln::randn({9, 12}), src = kiln::randn({4, 4});
     Tensor d = dev(h), c = h.clone();
     // every other row and column of an interior block, and a transposed view
@@ -51,8 +44,7 @@ TEST_CASE("cuda: a statement written into a strided view (eager, fused, copy_, f
     CHECK(maxdiff(d, c) == 0);
 }
 
-TEST_CASE("cuda: reductions to a scalar and followed by work of another shape compile and match the CPU") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda: reductions to a scalar and followed by work of another shape compile and match the CPU" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor x = kiln::randn({3, 4}), big = kiln::randn({6, 4});
     auto mean_all = [](const Tensor& t) { return kiln::mean(t); };
     auto tan_min = [](const Tensor& t) { return Tensor(kiln::tan(kiln::min(t))); };
@@ -76,8 +68,7 @@ TEST_CASE("cuda: reductions to a scalar and followed by work of another shape co
     CHECK(f.compiles() == 2);
 }
 
-TEST_CASE("cuda: writes into views, arguments and captured tensors inside compile match the CPU") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda: writes into views, arguments and captured tensors inside compile match the CPU" * doctest::skip(kiln_test::no_cuda())) {
     auto stencil = [](const Tensor& uu) {
         Tensor un = uu.clone();
         un.slice(0, 1, -1).slice(1, 1, -1).assign(uu.slice(0, 1, -1).slice(1, 1, -1) * 0.5 + uu.slice(0, 0, -2).slice(1, 1, -1) * 0.25);
@@ -113,8 +104,7 @@ TEST_CASE("cuda: writes into views, arguments and captured tensors inside compil
     }
 }
 
-TEST_CASE("cuda: Black-Scholes call and put are one kernel with two outputs") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda: Black-Scholes call and put are one kernel with two outputs" * doctest::skip(kiln_test::no_cuda())) {
     const std::int64_t n = 1 << 20;
     const Tensor S = kiln::rand({n}) * 50 + 50, K = kiln::rand({n}) * 50 + 50, T = kiln::rand({n}) + 0.25;
     auto ncdf = [](const auto& z) { return 0.5 * (1.0 + kiln::erf(z * 0.7071067811865476)); };
@@ -133,8 +123,7 @@ TEST_CASE("cuda: Black-Scholes call and put are one kernel with two outputs") {
     CHECK(maxdiff(put, put_ref) < 1e-4);
 }
 
-TEST_CASE("cuda: reduce_overhead replays programs that write into their arguments") {
-    if (!have_gpu()) return;
+TEST_CASE("cuda: reduce_overhead replays programs that write into their arguments" * doctest::skip(kiln_test::no_cuda())) {
     auto fn = [](const Tensor& x, const Tensor& y) {
         x.slice(0, 0, 8).assign(x.slice(0, 0, 8) + y);
         return Tensor(kiln::sum(x.slice(0, 0, 8) * y) + kiln::sum(x));

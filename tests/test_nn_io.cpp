@@ -19,6 +19,8 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+
+#include "test_util.hpp"
 #include <kiln/nn/io.hpp>
 
 namespace {
@@ -604,11 +606,7 @@ TEST_CASE("safetensors: save errors (reserved and invalid names, undefined tenso
     CHECK(dir.files().empty());
 }
 
-TEST_CASE("safetensors and npy: CUDA tensors are saved from the host and load on the CPU") {
-    if (!kiln::cuda::is_available()) {
-        MESSAGE("skipped: no CUDA device");
-        return;
-    }
+TEST_CASE("safetensors and npy: CUDA tensors are saved from the host and load on the CPU" * doctest::skip(kiln_test::no_cuda())) {
     TempDir dir;
     const Tensor host = random_tensor({4, 8}, DType::f32, 5);
     const Tensor dev = host.to(kiln::Device::cuda());

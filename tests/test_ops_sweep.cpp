@@ -1,10 +1,13 @@
 // The op-table sweep: every table op x every dtype x contiguous/strided/broadcast operands,
-// fused (expression templates) vs eager (one kernel per op) vs a float64 reference.
+// fused (expression templates) vs eager (one kernel per op) vs kiln::compile vs a float64 reference.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <kiln/kiln.hpp>
+
+#include "test_util.hpp"
 #include <limits>
+#include <numbers>
 #include <optional>
 #include <string>
 
@@ -164,23 +167,88 @@ std::optional<double> independent_reference(std::string_view n, bool int_ct, dou
     return static_cast<double>(f);
 }
 
+/// The test domain of every op: an independent float64 (long double where it matters) or int64
+/// implementation from the C++ standard library, written here and not taken from the op's own
+/// `eval` (so a wrong formula in the table cannot agree with itself). An op missing here fails the
+/// sweep: adding an op to the table means adding its line here (and its input range above).
+std::optional<double> independent_value(std::string_view n, bool int_ct, DType attr, const double* v) {
+    using LD = long double;
+    const double a = v[0], b = v[1], c = v[2];
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (int_ct) {  // integer compute type: exact int64 arithmetic (and C++'s rules where torch's agree)
+        const auto x = static_cast<std::int64_t>(a), y = static_cast<std::int64_t>(b);
+        if (n == "neg") return static_cast<double>(-x);
+        if (n == "abs") return static_cast<double>(x < 0 ? -x : x);
+        if (n == "relu") return static_cast<double>(x < 0 ? 0 : x);
+        if (n == "floor" || n == "ceil" || n == "round") return static_cast<double>(x);
+        if (n == "sign") return static_cast<double>((x > 0) - (x < 0));
+        if (n == "add") return static_cast<double>(x + y);
+        if (n == "sub") return static_cast<double>(x - y);
+        if (n == "mul") return static_cast<double>(x * y);
+        if (n == "maximum") return static_cast<double>(std::max(x, y));
+        if (n == "minimum") return static_cast<double>(std::min(x, y));
+        if (n == "copy") return static_cast<double>(x);
+    }
+    if (n == "neg") return -a;
+    if (n == "abs") return std::fabs(a);
+    if (n == "exp") return static_cast<double>(std::exp(static_cast<LD>(a)));
+    if (n == "expm1") return static_cast<double>(std::expm1(static_cast<LD>(a)));
+    if (n == "log") return static_cast<double>(std::log(static_cast<LD>(a)));
+    if (n == "log1p") return static_cast<double>(std::log1p(static_cast<LD>(a)));
+    if (n == "sqrt") return static_cast<double>(std::sqrt(static_cast<LD>(a)));
+    if (n == "rsqrt") return static_cast<double>(1 / std::sqrt(static_cast<LD>(a)));
+    if (n == "sin") return static_cast<double>(std::sin(static_cast<LD>(a)));
+    if (n == "cos") return static_cast<double>(std::cos(static_cast<LD>(a)));
+    if (n == "tan") return static_cast<double>(std::tan(static_cast<LD>(a)));
+    if (n == "tanh") return static_cast<double>(std::tanh(static_cast<LD>(a)));
+    if (n == "erf") return static_cast<double>(std::erf(static_cast<LD>(a)));
+    if (n == "sigmoid") return static_cast<double>(1 / (1 + std::exp(-static_cast<LD>(a))));
+    if (n == "gelu_tanh") {  // torch's approximate='tanh' formula, as written in its docs
+        const LD x = a;
+        return static_cast<double>(x / 2 * (1 + std::tanh(std::sqrt(2 / std::numbers::pi_v<LD>) * (x + 0.044715L * x * x * x))));
+    }
+    if (n == "relu") return std::isnan(a) ? a : (a < 0 ? 0.0 : a);
+    if (n == "floor") return std::floor(a);
+    if (n == "ceil") return std::ceil(a);
+    if (n == "round") return std::nearbyint(a);  // half to even in the default rounding mode
+    if (n == "sign") return std::isnan(a) ? a : a > 0 ? 1.0 : a < 0 ? -1.0 : a;
+    if (n == "reciprocal") return static_cast<double>(1 / static_cast<LD>(a));
+    if (n == "logical_not") return a == 0 ? 1 : 0;
+    if (n == "copy") return a;
+    if (n == "cast") {
+        if (attr == DType::boolean) return a != 0 ? 1 : 0;
+        if (is_integral(attr)) return std::trunc(a);
+        return a;  // the sweep casts to float types of at least the compute precision
+    }
+    if (n == "add") return a + b;
+    if (n == "sub") return a - b;
+    if (n == "mul") return static_cast<double>(static_cast<LD>(a) * b);
+    if (n == "div") return static_cast<double>(static_cast<LD>(a) / b);
+    if (n == "pow") return static_cast<double>(std::pow(static_cast<LD>(a), static_cast<LD>(b)));
+    if (n == "maximum") return std::isnan(a) || std::isnan(b) ? nan : std::max(a, b);
+    if (n == "minimum") return std::isnan(a) || std::isnan(b) ? nan : std::min(a, b);
+    if (n == "eq") return a == b;
+    if (n == "ne") return a != b;
+    if (n == "lt") return a < b;
+    if (n == "le") return a <= b;
+    if (n == "gt") return a > b;
+    if (n == "ge") return a >= b;
+    if (n == "logical_and") return (a != 0) && (b != 0);
+    if (n == "logical_or") return (a != 0) || (b != 0);
+    if (n == "where") return a != 0 ? b : c;
+    return std::nullopt;
+}
+
 /// Float64 (or int64) reference for one element of Op over the given operand values.
 template <class Op>
 double reference(const expr::Info& info, DType attr, const double* v) {
-    if constexpr (Op::arity == 2)
-        if (auto r = independent_reference(Op::name, !info.agnostic && is_integral(info.ct), v[0], v[1])) return *r;
-    auto run = [&](auto zero) {
-        using R = decltype(zero);
-        R x[3];
-        for (int k = 0; k < Op::arity; ++k) x[k] = static_cast<R>(v[k]);
-        if constexpr (Op::rule == DTypeRule::cast) return static_cast<double>(Op::eval(x[0], attr));
-        else if constexpr (Op::arity == 1) return static_cast<double>(Op::eval(x[0]));
-        else if constexpr (Op::arity == 2) return static_cast<double>(Op::eval(x[0], x[1]));
-        else return static_cast<double>(Op::eval(x[0], x[1], x[2]));
-    };
     const bool int_ct = !info.agnostic && is_integral(info.ct);
-    if constexpr (Op::rule == DTypeRule::float_math) return run(double{});
-    else return int_ct ? run(std::int64_t{}) : run(double{});
+    if constexpr (Op::arity == 2)
+        if (auto r = independent_reference(Op::name, int_ct, v[0], v[1])) return *r;
+    const double in[3] = {v[0], Op::arity > 1 ? v[1] : 0.0, Op::arity > 2 ? v[2] : 0.0};
+    if (auto r = independent_value(Op::name, int_ct && Op::rule != DTypeRule::float_math, attr, in)) return *r;
+    FAIL("the op sweep has no independent reference for op '" << Op::name << "': add it to independent_value");
+    return 0;
 }
 
 /// Builds the op over operands a[0..arity) (each a Tensor or a scalar).
@@ -194,6 +262,21 @@ struct Case {
     int checked = 0;
 };
 
+/// A copy of expression e with its tensor leaves replaced, in order, by ts[k], ts[k + 1], ...
+template <class E>
+E rebind(const E& e, const std::vector<Tensor>& ts, std::size_t& k) {
+    if constexpr (std::is_same_v<E, expr::TensorLeaf>) {
+        return expr::TensorLeaf{ts[k++]};
+    } else if constexpr (std::is_same_v<E, expr::ScalarLeaf>) {
+        return e;
+    } else {
+        E n = e;
+        n.args = std::apply([&](const auto&... a) { return decltype(e.args){rebind(a, ts, k)...}; }, e.args);
+        n.info = expr::infer<typename E::op>(n.args, n.attr);
+        return n;
+    }
+}
+
 /// Runs one op over tensors `in` (already laid out), checking fused vs eager (bitwise) and both
 /// vs the reference. Returns false (with doctest failures recorded) on mismatch.
 template <class Op, class Node>
@@ -201,6 +284,19 @@ void check_node(const Node& node, const std::vector<Tensor>& in, DType attr, con
     INFO(label);
     const Tensor fused = Tensor(node).cpu();
     const Tensor eag = eager(node).cpu();
+    // kiln::compile over the same op: traced from the leaves, optimized, fused and run
+    std::vector<const Tensor*> leaf_ptrs;
+    std::vector<double> scalars;
+    expr::collect(node, leaf_ptrs, scalars);
+    std::vector<Tensor> leaves;
+    for (const Tensor* t : leaf_ptrs) leaves.push_back(*t);
+    auto compiled_fn = kiln::compile([&node](const std::vector<Tensor>& ts) {
+        std::size_t k = 0;
+        return Tensor(rebind(node, ts, k));
+    });
+    const Tensor comp = compiled_fn(leaves).cpu();
+    REQUIRE(comp.dtype() == node.info.dtype);
+    REQUIRE(comp.shape() == Shape{rows, cols});
     REQUIRE(fused.shape() == Shape{rows, cols});
     REQUIRE(fused.dtype() == node.info.dtype);
     REQUIRE(eag.dtype() == node.info.dtype);
@@ -213,10 +309,12 @@ void check_node(const Node& node, const std::vector<Tensor>& in, DType attr, con
         if (std::isfinite(ref[static_cast<std::size_t>(i)])) scale = std::max(scale, std::fabs(ref[static_cast<std::size_t>(i)]));
     }
     scale *= 1e-6;  // values far below the largest one only need to be right to the largest one's ULP-ish
-    int bad_eager = 0, bad_ref = 0;
+    int bad_eager = 0, bad_ref = 0, bad_compiled = 0;
     for (std::int64_t i = 0; i < rows * cols; ++i) {
         const double f = fused.item<double>(i), e = eag.item<double>(i), r = ref[static_cast<std::size_t>(i)];
         if (!same_value(f, e) && bad_eager++ < 3) FAIL_CHECK("fused " << f << " != eager " << e << " at " << i);
+        if (const double c = comp.item<double>(i); !close(c, r, node.info.dtype, scale) && bad_compiled++ < 3)
+            FAIL_CHECK("compiled " << c << " vs reference " << r << " at " << i);
         if (!close(f, r, node.info.dtype, scale) && bad_ref++ < 3) {
             std::string args;
             for (const auto& t : in) args += std::to_string(t.item<double>(i)) + " ";
@@ -225,6 +323,7 @@ void check_node(const Node& node, const std::vector<Tensor>& in, DType attr, con
     }
     CHECK(bad_eager == 0);
     CHECK(bad_ref == 0);
+    CHECK(bad_compiled == 0);
 }
 
 template <class Op>
@@ -303,11 +402,7 @@ TEST_CASE("nan, inf and signed zeros behave the same fused, eager and in the ref
     });
 }
 
-TEST_CASE("on CUDA: every table op, every dtype and layout, fused == eager, both match float64") {
-    if (!cuda::is_available()) {
-        MESSAGE("no CUDA device: skipped");
-        return;
-    }
+TEST_CASE("on CUDA: every table op, every dtype and layout, fused == eager, both match float64" * doctest::skip(kiln_test::no_cuda())) {
     g_cuda = true;
     for (bool specials : {false, true})
         ops::for_each_op([&](auto tag) {
@@ -376,11 +471,7 @@ TEST_CASE("remainder, fmod and floor_divide: Python's and C's values, hard cases
     CHECK(std::isnan(Tensor(full({1}, 3.0) % 0.0).item<double>(0)));
 }
 
-TEST_CASE("on CUDA: remainder, fmod and floor_divide by zero and INT_MIN / -1 match the CPU") {
-    if (!cuda::is_available()) {
-        MESSAGE("no CUDA device: skipped");
-        return;
-    }
+TEST_CASE("on CUDA: remainder, fmod and floor_divide by zero and INT_MIN / -1 match the CPU" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = Tensor(arange(-20, 20, 1, DType::i64) * 7919), b = Tensor(arange(-20, 20, 1, DType::i64) % 7);
     const Tensor da = a.cuda(), db = b.cuda();
     for (int op = 0; op < 3; ++op) {

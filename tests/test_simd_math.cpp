@@ -1,4 +1,4 @@
-// Checks kiln/backends/cpu/simd.hpp: documented error bounds, special values, scalar/batch agreement.
+// Checks kiln/tables/simd.hpp: documented error bounds, special values, scalar/batch agreement.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/backends/cpu/simd.hpp"
+#include "kiln/tables/simd.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Helpers shared by the test files: comparing tensors.
+// Helpers shared by the test files: comparing tensors, skipping GPU tests where there is no GPU.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -28,5 +28,11 @@ inline double maxdiff(const kiln::Tensor& a, const kiln::Tensor& b) {
     }
     return m;
 }
+
+/// For doctest's skip decorator: `TEST_CASE("..." * doctest::skip(kiln_test::no_cuda()))` is reported
+/// as skipped, not passed, where there is no CUDA device (tests/gpu.sh fails on any skip on a GPU machine).
+inline bool no_cuda() { return !kiln::cuda::is_available(); }
+/// The converse: tests of the errors kiln gives without a GPU are skipped where there is one.
+inline bool has_cuda() { return kiln::cuda::is_available(); }
 
 }  // namespace kiln_test

@@ -13,7 +13,7 @@
 #include "kiln/core/random.hpp"
 #include "kiln/core/shape.hpp"
 #include "kiln/core/tensor.hpp"
-#include "kiln/expr/evaluate.hpp"
+#include "kiln/ops/evaluate.hpp"
 #include "kiln/interop/eigen.hpp"
 #include "kiln/nn/io.hpp"
 #include "kiln/nn/conv.hpp"

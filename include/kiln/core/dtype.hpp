@@ -162,4 +162,22 @@ struct ResultType {
 };
 
 }  // namespace detail
+namespace detail {
+
+/// Storage element -> compute value (bool reads as 0/1; f16/bf16 widen through float).
+template <class T, class S>
+inline T load_as(const S& s) {
+    if constexpr (std::is_same_v<S, half> || std::is_same_v<S, bfloat16>) return static_cast<T>(static_cast<float>(s));
+    else return static_cast<T>(s);
+}
+/// Compute value -> storage element (nonzero stores as true; f16/bf16 round from float).
+template <class S, class T>
+inline S store_as(const T& v) {
+    if constexpr (std::is_same_v<S, bool>) return v != T(0);
+    else if constexpr (std::is_same_v<S, half> || std::is_same_v<S, bfloat16>) return S(static_cast<float>(v));
+    else return static_cast<S>(v);
+}
+
+}  // namespace detail
+
 }  // namespace kiln

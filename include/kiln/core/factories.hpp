@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "kiln/backends/cpu/program.hpp"
+#include "kiln/core/thread_pool.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
 

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "kiln/core/tensor.hpp"
-#include "kiln/ops/op_table.hpp"
+#include "kiln/tables/op_table.hpp"
 
 namespace kiln {
 namespace expr {

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
-#include "kiln/ops/op_table.hpp"
+#include "kiln/tables/op_table.hpp"
+#include "kiln/tables/reduce_table.hpp"
 
 namespace kiln::ir {
 
@@ -29,7 +30,15 @@ enum class Kind : std::uint8_t {
                   ///< row-major layout replaced by operand 1 (same dtype): a write into a view, functionalized
 };
 
-enum class ReduceKind : std::uint8_t { sum, prod, max, min, mean };
+/// A reduction of the table (tables/reduce_table.hpp), by its id there.
+enum class ReduceKind : ops::ReduceId {
+    sum = ops::reduce_id<ops::SumR>,
+    prod = ops::reduce_id<ops::ProdR>,
+    max = ops::reduce_id<ops::MaxR>,
+    min = ops::reduce_id<ops::MinR>,
+    mean = ops::reduce_id<ops::MeanR>,
+};
+static_assert(ops::Reductions::size == 5, "a reduction was added to the table: name it in ir::ReduceKind");
 /// Every movement op of a tracing tensor (reshape, permute, slice, expand, squeeze...) records the
 /// strided view it makes of its operand's logical row-major layout: shape, strides, offset.
 enum class ViewKind : std::uint8_t { as_strided };
@@ -49,15 +58,11 @@ inline const char* kind_name(Kind k) {
     }
     return "?";
 }
-inline const char* reduce_name(ReduceKind r) {
-    switch (r) {
-        case ReduceKind::sum: return "sum";
-        case ReduceKind::prod: return "prod";
-        case ReduceKind::max: return "max";
-        case ReduceKind::min: return "min";
-        case ReduceKind::mean: return "mean";
-    }
-    return "?";
+inline const char* reduce_name(ReduceKind r) { return ops::reduction_name(static_cast<ops::ReduceId>(r)).data(); }
+/// Calls f(std::type_identity<R>{}) for the table entry of a reduction kind.
+template <class F>
+decltype(auto) visit_reduction(ReduceKind k, F&& f) {
+    return ops::visit_reduction(static_cast<ops::ReduceId>(k), std::forward<F>(f));
 }
 inline const char* view_name(ViewKind) { return "as_strided"; }
 

@@ -1,4 +1,4 @@
-// Structural hash of a graph: equal for graphs that compute the same thing in the same way.
+// Structural hash and equality of graphs: equal for graphs that compute the same thing in the same way.
 #pragma once
 
 #include <bit>
@@ -23,6 +23,7 @@ inline std::uint64_t node_hash(const Node& n) {
         case Kind::constant:
             h = hash_mix(h, reinterpret_cast<std::uintptr_t>(n.tensor.storage().get()));
             h = hash_mix(h, static_cast<std::uint64_t>(n.tensor.offset()));
+            for (auto st : n.tensor.strides()) h = hash_mix(h, static_cast<std::uint64_t>(st));
             break;
         case Kind::scalar: h = hash_mix(h, std::bit_cast<std::uint64_t>(n.value)); break;
         case Kind::elementwise:
@@ -42,6 +43,7 @@ inline std::uint64_t node_hash(const Node& n) {
             for (char c : n.call->key) h = hash_mix(h, static_cast<std::uint64_t>(static_cast<unsigned char>(c)));
             break;
         case Kind::view: case Kind::view_write:
+            h = hash_mix(h, static_cast<std::uint64_t>(n.vkind));
             for (auto a : n.args) h = hash_mix(h, static_cast<std::uint64_t>(a));
             for (auto d : n.shape) h = hash_mix(h, static_cast<std::uint64_t>(d));
             h = hash_mix(h, std::bit_cast<std::uint64_t>(n.value));
@@ -57,6 +59,38 @@ inline std::uint64_t structural_hash(const Graph& g) {
     for (const Node& n : g.nodes) h = hash_mix(h, node_hash(n));
     for (int o : g.outputs) h = hash_mix(h, static_cast<std::uint64_t>(o) + 0x100000000ull);
     return h;
+}
+
+/// Whether two nodes are the same computation: what node_hash reads, and shapes (a cache keyed by
+/// the hash compares with this, so two graphs that collide are never taken for each other).
+inline bool same_node(const Node& a, const Node& b) {
+    if (a.kind != b.kind || a.dtype != b.dtype || a.in != b.in || !(a.shape == b.shape)) return false;
+    switch (a.kind) {
+        case Kind::input: return a.index == b.index;
+        case Kind::constant:
+            return a.tensor.storage() == b.tensor.storage() && a.tensor.offset() == b.tensor.offset() &&
+                   a.tensor.strides() == b.tensor.strides() && a.tensor.dtype() == b.tensor.dtype();
+        case Kind::scalar: return std::bit_cast<std::uint64_t>(a.value) == std::bit_cast<std::uint64_t>(b.value);
+        case Kind::elementwise: return a.op == b.op && a.ct == b.ct && a.attr == b.attr;
+        case Kind::reduce:
+        case Kind::arg_reduce:
+            return a.rkind == b.rkind && a.mask == b.mask && a.keepdim == b.keepdim && a.arg_max == b.arg_max &&
+                   std::bit_cast<std::uint64_t>(a.correction) == std::bit_cast<std::uint64_t>(b.correction);
+        case Kind::matmul: return true;
+        case Kind::call: return a.call->key == b.call->key;
+        case Kind::view: case Kind::view_write:
+            return a.vkind == b.vkind && a.args == b.args && std::bit_cast<std::uint64_t>(a.value) == std::bit_cast<std::uint64_t>(b.value) &&
+                   a.mask == b.mask;
+    }
+    return false;
+}
+
+/// Whether two graphs are structurally equal: the same nodes in the same order, and the same outputs.
+inline bool structurally_equal(const Graph& a, const Graph& b) {
+    if (a.nodes.size() != b.nodes.size() || a.outputs != b.outputs) return false;
+    for (std::size_t i = 0; i < a.nodes.size(); ++i)
+        if (!same_node(a.nodes[i], b.nodes[i])) return false;
+    return true;
 }
 
 }  // namespace kiln::ir

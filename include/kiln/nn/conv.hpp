@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/backends/cpu/thread_pool.hpp"
+#include "kiln/core/thread_pool.hpp"
 #include "kiln/backends/cuda/cudnn.hpp"
 #include "kiln/backends/cuda/graph_exec.hpp"
 #include "kiln/nn/layers.hpp"

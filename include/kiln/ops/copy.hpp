@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "kiln/backends/cuda/copy.hpp"
-#include "kiln/expr/evaluate.hpp"
+#include "kiln/ops/evaluate.hpp"
 #include "kiln/ops/elementwise.hpp"
 
 namespace kiln {

@@ -67,12 +67,7 @@ auto as_expr(const X& x) {
     else return x;
 }
 
-template <class R> ir::ReduceKind reduce_kind() {
-    if constexpr (std::is_same_v<R, ops::SumR>) return ir::ReduceKind::sum;
-    else if constexpr (std::is_same_v<R, ops::ProdR>) return ir::ReduceKind::prod;
-    else if constexpr (std::is_same_v<R, ops::MaxR>) return ir::ReduceKind::max;
-    else return ir::ReduceKind::min;
-}
+template <class R> ir::ReduceKind reduce_kind() { return static_cast<ir::ReduceKind>(ops::reduce_id<R>); }
 
 template <class R, class X>
 Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_location& loc) {

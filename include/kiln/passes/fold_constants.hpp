@@ -1,8 +1,7 @@
 // Constant folding: elementwise ops whose operands are all numbers become a number.
 #pragma once
 
-#include "kiln/backends/cpu/op_kernels.hpp"
-#include "kiln/backends/cpu/tile.hpp"
+#include "kiln/tables/op_kernels.hpp"
 #include "kiln/passes/rebuild.hpp"
 
 namespace kiln::passes {

@@ -8,8 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kiln/backends/cpu/op_kernels.hpp"
-#include "kiln/backends/cpu/tile.hpp"
+#include "kiln/tables/op_kernels.hpp"
 #include "kiln/core/factories.hpp"
 #include "kiln/passes/eliminate_dead_code.hpp"
 
@@ -113,17 +112,18 @@ struct Affine {
 
     /// The map followed by `op` with the per-channel operand k (on the right, or on the left when
     /// `k_first`); false (and the map unchanged) when that is not affine in y or not finite.
-    bool then(std::string_view op, const std::vector<double>& k, bool k_first) {
+    bool then(ops::OpId op, const std::vector<double>& k, bool k_first) {
+        using ops::op_id;
         Affine next = *this;
         for (std::size_t c = 0; c < scale.size(); ++c) {
             const double v = k[k.size() == 1 ? 0 : c];
             double& s = next.scale[c];
             double& t = next.shift[c];
-            if (op == "add") t += v;
-            else if (op == "sub" && !k_first) t -= v;
-            else if (op == "sub") s = -s, t = v - t;
-            else if (op == "mul") s *= v, t *= v;
-            else if (op == "div" && !k_first) s /= v, t /= v;
+            if (op == op_id<ops::Add>) t += v;
+            else if (op == op_id<ops::Sub> && !k_first) t -= v;
+            else if (op == op_id<ops::Sub>) s = -s, t = v - t;
+            else if (op == op_id<ops::Mul>) s *= v, t *= v;
+            else if (op == op_id<ops::Div> && !k_first) s /= v, t /= v;
             else return false;
             if (!std::isfinite(s) || !std::isfinite(t)) return false;
         }
@@ -187,7 +187,7 @@ inline ir::Graph fold_conv_affine(const ir::Graph& g) {
             if (m.kind != Kind::elementwise || m.in.size() != 2 || m.dtype != n.dtype || !(m.shape == shape)) break;
             const bool k_first = m.in[1] == last;
             const auto& k = values.of(m.in[k_first ? 0 : 1]);
-            if (!k || !map.then(ops::op_name(m.op), *k, k_first)) break;
+            if (!k || !map.then(m.op, *k, k_first)) break;
             last = r;
         }
         if (last == head) continue;

@@ -50,17 +50,18 @@ inline ir::Graph simplify(const ir::Graph& g) {
         int result = -1;
         auto same_as = [&](int j) { return out[j].kind != Kind::scalar && out[j].shape == n.shape && out[j].dtype == n.dtype; };
         if (n.kind == Kind::elementwise) {
-            const std::string_view op = ops::op_name(n.op);
+            const ops::OpId op = n.op;
+            using ops::op_id;
             if (n.in.size() == 2) {
                 const int a = n.in[0], b = n.in[1];
-                if ((op == "add" || op == "sub") && detail::is_scalar_value(out, b, 0) && same_as(a)) result = a;
-                else if (op == "add" && detail::is_scalar_value(out, a, 0) && same_as(b)) result = b;
-                else if ((op == "mul" || op == "div") && detail::is_scalar_value(out, b, 1) && same_as(a)) result = a;
-                else if (op == "mul" && detail::is_scalar_value(out, a, 1) && same_as(b)) result = b;
-            } else if (op == "neg") {
+                if ((op == op_id<ops::Add> || op == op_id<ops::Sub>) && detail::is_scalar_value(out, b, 0) && same_as(a)) result = a;
+                else if (op == op_id<ops::Add> && detail::is_scalar_value(out, a, 0) && same_as(b)) result = b;
+                else if ((op == op_id<ops::Mul> || op == op_id<ops::Div>) && detail::is_scalar_value(out, b, 1) && same_as(a)) result = a;
+                else if (op == op_id<ops::Mul> && detail::is_scalar_value(out, a, 1) && same_as(b)) result = b;
+            } else if (op == op_id<ops::Neg>) {
                 const ir::Node& x = out[n.in[0]];
                 if (x.kind == Kind::elementwise && x.op == n.op && same_as(x.in[0])) result = x.in[0];
-            } else if (op == "cast") {
+            } else if (op == op_id<ops::Cast>) {
                 const ir::Node& x = out[n.in[0]];
                 if (x.kind != Kind::scalar && x.dtype == n.attr && x.shape == n.shape) {
                     result = n.in[0];
@@ -73,7 +74,7 @@ inline ir::Graph simplify(const ir::Graph& g) {
         } else if (n.kind == Kind::reduce && n.rkind == ir::ReduceKind::sum && is_floating(n.dtype)) {
             result = [&]() -> int {
                 const ir::Node m = out[n.in[0]];  // a copy: out.add() below may move the nodes
-                if (m.kind != Kind::elementwise || ops::op_name(m.op) != "mul" || !is_floating(m.dtype)) return -1;
+                if (m.kind != Kind::elementwise || m.op != ops::op_id<ops::Mul> || !is_floating(m.dtype)) return -1;
                 const int a = m.in[0], b = m.in[1];
                 if (out[a].kind == Kind::scalar || out[b].kind == Kind::scalar) return -1;
                 if (out[a].dtype != m.dtype || out[b].dtype != m.dtype) return -1;

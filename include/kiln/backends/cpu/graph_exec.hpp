@@ -14,20 +14,31 @@
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/ir/graph.hpp"
-#include "kiln/ops/matmul.hpp"
-#include "kiln/ops/reduce_table.hpp"
+#include "kiln/backends/cpu/matmul.hpp"
+#include "kiln/tables/reduce_table.hpp"
 
 namespace kiln::detail {
 
-/// Calls f(type_identity<R>) for the reduction table entry of a ReduceKind (mean sums).
+/// out[i] = out[i] / div over a contiguous tensor, as eager's `out / div` computes it (in f64 for
+/// f64, else in f32) and stores it back.
+inline void divide_in_place(const Tensor& out, double div) {
+    if (!out.is_contiguous()) throw InternalError("kiln: divide_in_place needs a contiguous tensor");
+    visit_dtype(out.dtype(), [&](auto tag) {
+        using S = typename decltype(tag)::type;
+        using T = std::conditional_t<std::is_same_v<S, double>, double, float>;
+        S* p = static_cast<S*>(out.data_ptr());
+        const T d = static_cast<T>(div);
+        parallel_for(out.numel(), parallel_grain, [&](std::int64_t b, std::int64_t e) {
+            for (std::int64_t i = b; i < e; ++i) p[i] = store_as<S>(load_as<T>(p[i]) / d);
+        });
+    });
+}
+
+/// Calls f(type_identity<R>) for what a ReduceKind's kernels accumulate (its table entry's
+/// Accumulate: mean sums).
 template <class F>
 decltype(auto) visit_reduce(ir::ReduceKind k, F&& f) {
-    switch (k) {
-        case ir::ReduceKind::prod: return f(std::type_identity<ops::ProdR>{});
-        case ir::ReduceKind::max: return f(std::type_identity<ops::MaxR>{});
-        case ir::ReduceKind::min: return f(std::type_identity<ops::MinR>{});
-        default: return f(std::type_identity<ops::SumR>{});
-    }
+    return ir::visit_reduction(k, [&](auto t) { return f(std::type_identity<typename decltype(t)::type::Accumulate>{}); });
 }
 
 /// Builds the tile program computing `root` over `shape` from a group's inlined elementwise nodes
@@ -410,7 +421,7 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
     });
     if (n.rkind == ir::ReduceKind::mean) {
         const double div = std::max(0.0, static_cast<double>(inner) - n.correction);
-        out.assign(out / div);
+        divide_in_place(out, div);
     }
 }
 
@@ -512,7 +523,7 @@ private:
                 case fuse::Group::Kind::matmul: {
                     const ir::Node& n = g_[G.outputs[0]];
                     vals[static_cast<std::size_t>(G.outputs[0])] =
-                        matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])]);
+                        cpu_matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])]);
                     break;
                 }
                 case fuse::Group::Kind::call: {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/program.hpp"
-#include "kiln/ops/reduce_table.hpp"
+#include "kiln/tables/reduce_table.hpp"
 
 namespace kiln::detail {
 

@@ -8,27 +8,10 @@
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
+#include "kiln/core/thread_pool.hpp"  // tile_elems
 
 namespace kiln::detail {
 
-/// Elements per tile: small enough that a few tiles of every operand stay in L1.
-inline constexpr std::int64_t tile_elems = 256;
-/// Below this many elements a loop runs on one thread.
-inline constexpr std::int64_t parallel_grain = 32768;
-
-/// Storage element -> compute value (bool reads as 0/1; f16/bf16 widen through float).
-template <class T, class S>
-inline T load_as(const S& s) {
-    if constexpr (std::is_same_v<S, half> || std::is_same_v<S, bfloat16>) return static_cast<T>(static_cast<float>(s));
-    else return static_cast<T>(s);
-}
-/// Compute value -> storage element (nonzero stores as true; f16/bf16 round from float).
-template <class S, class T>
-inline S store_as(const T& v) {
-    if constexpr (std::is_same_v<S, bool>) return v != T(0);
-    else if constexpr (std::is_same_v<S, half> || std::is_same_v<S, bfloat16>) return S(static_cast<float>(v));
-    else return static_cast<S>(v);
-}
 
 /// One operand read (or written) over an iteration space: base address, dtype and per-dim
 /// strides in elements (0 on broadcast dims).

@@ -11,8 +11,8 @@
 
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/ir/graph.hpp"
-#include "kiln/ops/op_table.hpp"
-#include "kiln/ops/reduce_table.hpp"
+#include "kiln/tables/op_table.hpp"
+#include "kiln/tables/reduce_table.hpp"
 
 namespace kiln::cuda::detail {
 
@@ -99,15 +99,10 @@ inline std::string op_text(ops::OpId op, const std::vector<std::string>& args, D
     return out;
 }
 
-/// The reduction table's combine for a reduction kind, as a C expression of a and b.
+/// The reduction table's combine for a reduction kind (what it accumulates), as a C expression of a and b.
 inline std::string combine_text(ir::ReduceKind k, const std::string& a, const std::string& b) {
-    std::string_view pat;
-    switch (k) {
-        case ir::ReduceKind::prod: pat = ops::ProdR::cuda_combine; break;
-        case ir::ReduceKind::max: pat = ops::MaxR::cuda_combine; break;
-        case ir::ReduceKind::min: pat = ops::MinR::cuda_combine; break;
-        default: pat = ops::SumR::cuda_combine; break;
-    }
+    const std::string_view pat =
+        ir::visit_reduction(k, [](auto t) { return std::string_view(decltype(t)::type::Accumulate::cuda_combine); });
     std::string out;
     for (std::size_t i = 0; i < pat.size(); ++i) {
         if (pat[i] == '{' && i + 2 < pat.size() && pat[i + 2] == '}') {
@@ -119,24 +114,29 @@ inline std::string combine_text(ir::ReduceKind k, const std::string& a, const st
     }
     return out;
 }
-/// The identity of a reduction kind in accumulator type ct, as a literal.
+/// The identity of a reduction kind in accumulator type ct, as a literal: the table's identity<T>()
+/// (bool accumulators take the double one).
 inline std::string identity_text(ir::ReduceKind k, DType ct) {
-    const double inf = std::numeric_limits<double>::infinity();
-    switch (k) {
-        case ir::ReduceKind::prod: return literal(1, ct);
-        case ir::ReduceKind::max:
-            if (is_floating(ct) || ct == DType::boolean) return literal(-inf, ct);
-            return ct == DType::i32 ? "((int)(-2147483647 - 1))" : "((long long)(-9223372036854775807ll - 1))";
-        case ir::ReduceKind::min:
-            if (is_floating(ct) || ct == DType::boolean) return literal(inf, ct);
-            return ct == DType::i32 ? "((int)2147483647)" : "((long long)9223372036854775807ll)";
-        default: return literal(0, ct);
-    }
+    return ir::visit_reduction(k, [&](auto t) {
+        using A = typename decltype(t)::type::Accumulate;
+        if (ct == DType::boolean) return literal(A::template identity<double>(), ct);
+        return visit_compute_dtype(ct, [&](auto dtag) -> std::string {
+            using T = typename decltype(dtag)::type;
+            const T v = A::template identity<T>();
+            if constexpr (std::is_same_v<T, std::int32_t>)
+                return v == std::numeric_limits<std::int32_t>::min() ? "((int)(-2147483647 - 1))" : "((int)" + std::to_string(v) + ")";
+            else if constexpr (std::is_same_v<T, std::int64_t>)
+                return v == std::numeric_limits<std::int64_t>::min() ? "((long long)(-9223372036854775807ll - 1))"
+                                                                     : "((long long)" + std::to_string(v) + "ll)";
+            else return literal(static_cast<double>(v), ct);
+        });
+    });
 }
 
 /// Helpers every generated kernel starts with: conversions, NaN-propagating max/min, the table's
-/// named functions that CUDA lacks, vector access and block reductions.
-inline const char* prelude() {
+/// named functions that CUDA lacks, vector access and block reductions (the table's own helpers,
+/// ops::Op::cuda_helper, follow: prelude()).
+inline const char* base_prelude() {
     return R"KILN(
 typedef unsigned short kiln_u16;
 __device__ __forceinline__ float kiln_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -149,10 +149,6 @@ template <class T> __device__ __forceinline__ bool kiln_tobool(T x) { return x !
 template <class T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : (b != b) ? b : (a > b ? a : b); }
 template <class T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : (b != b) ? b : (a < b ? a : b); }
 template <class T> __device__ __forceinline__ T relu(T x) { return x < T(0) ? T(0) : x; }  // NaN and -0 pass, as on the CPU
-template <class T> __device__ __forceinline__ T kiln_gelu_tanh(T x) {  // x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), as on the CPU
-  const T z = T(1.5957691216057308) * (x + T(0.044715) * x * x * x);
-  return x * (T(1) / (T(1) + exp(-z)));
-}
 template <class T> __device__ __forceinline__ T sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
 __device__ __forceinline__ int floor(int x) { return x; }
 __device__ __forceinline__ long long floor(long long x) { return x; }
@@ -213,6 +209,16 @@ template <class T, class F> __device__ __forceinline__ T kiln_block_reduce(T v, 
   return v;
 }
 )KILN";
+}
+
+/// base_prelude() and every op's cuda_helper, in table order (built once).
+inline const std::string& prelude() {
+    static const std::string text = [] {
+        std::string t = base_prelude();
+        ops::for_each_op([&](auto tag) { t += decltype(tag)::type::cuda_helper; });
+        return t;
+    }();
+    return text;
 }
 
 // ------------------------------------------------------------------ operand layouts
@@ -318,7 +324,7 @@ inline KernelText finish_kernel(const std::string& family, const std::string& bo
     const std::string name = "kiln_" + family + "_" + hex;
     std::string src = body_with_NAME;
     for (std::size_t p; (p = src.find("@NAME@")) != std::string::npos;) src.replace(p, 6, name);
-    return {name, std::string(prelude()) + src};
+    return {name, prelude() + src};
 }
 
 // ------------------------------------------------------------------ elementwise family

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <shared_mutex>
 #include <source_location>
@@ -11,12 +12,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/backends/cuda/graph_exec.hpp"
+#include "kiln/core/config.hpp"
+#include "kiln/core/function_ref.hpp"
 #include "kiln/expr/node.hpp"
-#include "kiln/passes/pipeline.hpp"
 #include "kiln/trace/tracer.hpp"
 
 namespace kiln::cuda::detail {
+
+class CudaGraphProgram;
 
 /// Distinct tensor leaves of an expression (by view identity), in the order lowering meets them,
 /// and its scalars.
@@ -83,64 +86,27 @@ inline std::string number_text(double v) {
     return std::to_string(bits);
 }
 
-/// Compiled statements of one kind (Tag: the expression type), by guard text.
-template <class Tag>
+/// Compiled statements of one kind (one expression type, or one eager op), by guard text.
 struct StatementCache {
     std::shared_mutex mu;
     std::unordered_map<std::string, std::shared_ptr<CudaGraphProgram>> programs;
-    static StatementCache& get() {
-        static StatementCache c;
-        return c;
-    }
 };
-
-/// Runs a statement: `build(tracer, leaf)` records its nodes (leaf(t) gives an input's node) and
-/// returns the result node. Compiled once per Tag and key.
-template <class Tag, class Build>
-Tensor run_statement(const std::vector<Tensor>& inputs, const std::string& key, std::string_view op,
-                     const std::source_location& loc, Build&& build, const Tensor* into = nullptr) {
-    const int device = common_device(inputs, op, loc);
-    auto& cache = StatementCache<Tag>::get();
-    const std::string full = key + "|" + guard_text(inputs);
-    std::shared_ptr<CudaGraphProgram> prog;
-    {
-        std::shared_lock lock(cache.mu);
-        if (auto it = cache.programs.find(full); it != cache.programs.end()) prog = it->second;
-    }
-    if (!prog) {
-        trace::Tracer tr(nullptr, true);
-        std::vector<int> nodes;
-        for (const Tensor& t : inputs) nodes.push_back(tr.node_of(tr.input(t)));
-        auto leaf = [&](const Tensor& t) {
-            for (std::size_t k = 0; k < inputs.size(); ++k)
-                if (inputs[k].is_same(t)) return nodes[k];
-            throw InternalError("kiln: CUDA statement leaf not among its inputs");
-        };
-        const int out = build(tr, leaf);
-        ir::Graph g = tr.graph();
-        g.outputs = {out};
-        ir::Graph opt = passes::run_pipeline(g, {});
-        const int res = opt.outputs[0];
-        if (opt[res].kind != ir::Kind::elementwise && opt[res].kind != ir::Kind::reduce && opt[res].kind != ir::Kind::arg_reduce &&
-            opt[res].kind != ir::Kind::matmul) {
-            // the statement simplified to one of its inputs (or a view): a statement always
-            // makes a new contiguous tensor, so copy it (an identity cast the passes never see)
-            ir::Node copy;
-            copy.kind = ir::Kind::elementwise;
-            copy.op = ops::op_id<ops::Cast>;
-            copy.dtype = copy.attr = opt[res].dtype;
-            copy.ct = compute_dtype(opt[res].dtype);
-            copy.shape = opt[res].shape;
-            copy.in = {res};
-            opt.outputs[0] = opt.add(std::move(copy));
-        }
-        fuse::Plan plan = fuse::plan(opt);
-        auto made = std::make_shared<CudaGraphProgram>(std::move(opt), std::move(plan), device);
-        std::unique_lock lock(cache.mu);
-        prog = cache.programs.emplace(full, std::move(made)).first->second;
-    }
-    return prog->run(inputs, into)[0];
+template <class Tag>
+StatementCache& statement_cache() {
+    static StatementCache c;
+    return c;
 }
+
+/// A statement's node for an input tensor (one of the statement's inputs).
+using StatementLeaf = FunctionRef<int(const Tensor&)>;
+/// Records a statement's nodes into the tracer (leaf(t) gives an input's node); returns the result
+/// node. Called only during run_statement.
+using StatementBuild = FunctionRef<int(trace::Tracer&, const StatementLeaf&)>;
+
+/// Runs a statement: `build` records its nodes; compiled once per cache and key, and run with
+/// `inputs` (into `into` when given: a CUDA tensor of the result's shape and dtype).
+KILN_DECL Tensor run_statement(StatementCache& cache, const std::vector<Tensor>& inputs, const std::string& key, std::string_view op,
+                               const std::source_location& loc, const StatementBuild& build, const Tensor* into = nullptr);
 
 /// An expression statement on CUDA: one fused kernel (per group of its graph).
 /// `into` (optional): a contiguous CUDA tensor of e's shape and dtype that receives the result.
@@ -152,9 +118,9 @@ Tensor eval_expr(const E& e, const std::source_location& loc, const Tensor* into
     std::string key;
     statement_attrs(e, key);
     for (double s : scalars) key += number_text(s) + ",";
-    return run_statement<E>(
-        ts, key, "eval", loc, [&](trace::Tracer& tr, auto& leaf) { return trace::detail::lower(tr, e, e.info.ct, leaf); },
-        into);
+    return run_statement(
+        statement_cache<E>(), ts, key, "eval", loc,
+        [&](trace::Tracer& tr, const StatementLeaf& leaf) { return trace::detail::lower(tr, e, e.info.ct, leaf); }, into);
 }
 
 /// A reduction (or arg-reduction) of an expression on CUDA, fused with its prologue.
@@ -169,46 +135,21 @@ Tensor eval_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max, u
     statement_attrs(e, key);
     for (double s : scalars) key += number_text(s) + ",";
     key += "/" + std::to_string(static_cast<int>(out_dtype));
-    return run_statement<std::pair<Tag, E>>(ts, key, op, loc, [&](trace::Tracer& tr, auto& leaf) {
+    return run_statement(statement_cache<std::pair<Tag, E>>(), ts, key, op, loc, [&](trace::Tracer& tr, const StatementLeaf& leaf) {
         const int in = trace::detail::lower(tr, e, e.info.ct, leaf);
         return tr.graph().add(trace::detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in));
     });
 }
 
 /// One table op as its own kernel (eager CUDA): operands in order, tensors or scalars.
-inline Tensor run_op(ops::OpId op, DType dtype, DType ct, DType attr, const Shape& shape, const std::vector<Tensor>& tensors,
-                     const std::vector<int>& operand_is_tensor, const std::vector<double>& scalars) {
-    std::string key = std::to_string(op) + "/" + std::to_string(static_cast<int>(dtype)) + "/" + std::to_string(static_cast<int>(ct)) +
-                      "/" + std::to_string(static_cast<int>(attr)) + ":";
-    for (int t : operand_is_tensor) key += t ? "t" : "s";
-    for (double s : scalars) key += number_text(s) + ",";
-    struct EagerOp {};
-    return run_statement<EagerOp>(tensors, key, ops::op_name(op), std::source_location::current(), [&](trace::Tracer& tr, auto&) {
-        ir::Node n;
-        n.kind = ir::Kind::elementwise;
-        n.op = op;
-        n.dtype = dtype;
-        n.ct = ct;
-        n.attr = attr;
-        n.shape = shape;
-        std::size_t nt = 0, ns = 0;
-        for (int is_t : operand_is_tensor) {
-            if (is_t) n.in.push_back(tr.graph().inputs[nt++]);
-            else n.in.push_back(tr.scalar(scalars[ns++], ct));
-        }
-        return tr.graph().add(std::move(n));
-    });
-}
+KILN_DECL Tensor run_op(ops::OpId op, DType dtype, DType ct, DType attr, const Shape& shape, const std::vector<Tensor>& tensors,
+                        const std::vector<int>& operand_is_tensor, const std::vector<double>& scalars);
 
 /// Writes `value` (already out's shape and dtype, contiguous) into out's memory.
-inline void copy_contiguous_into(const Tensor& out, const Tensor& value) {
-    if (out.numel() == 0) return;
-    const int dev = out.device().index;
-    use_device(dev);
-    check(driver().memcpy_dtod_async(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(out.data_ptr())),
-                                     static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(value.data_ptr())), out.nbytes(),
-                                     current_stream(dev)),
-          "cuMemcpyDtoDAsync");
-}
+KILN_DECL void copy_contiguous_into(const Tensor& out, const Tensor& value);
 
 }  // namespace kiln::cuda::detail
+
+#if KILN_HEADER_ONLY
+#include "kiln/backends/cuda/frontend_impl.hpp"
+#endif

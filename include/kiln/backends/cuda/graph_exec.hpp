@@ -20,7 +20,7 @@
 #include "kiln/backends/cuda/codegen.hpp"
 #include "kiln/backends/cuda/driver.hpp"
 #include "kiln/backends/cuda/blas.hpp"
-#include "kiln/cache/kernel_cache.hpp"
+#include "kiln/backends/cuda/kernel_cache.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"

@@ -12,7 +12,6 @@
 #include "kiln/backends/cuda/driver.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
-#include "kiln/ops/copy.hpp"
 
 namespace kiln::cuda {
 namespace detail {

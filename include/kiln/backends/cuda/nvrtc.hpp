@@ -7,7 +7,7 @@
 
 // Uses the NVRTC C API only when kiln is built with the CUDA toolkit (KILN_WITH_CUDA, set by
 // CMake) and <nvrtc.h> is reachable; otherwise nvrtc_available() is false and compiles throw
-// DeviceError. Caching lives in kiln/cache/kernel_cache.hpp (cubin_for), which this includes
+// DeviceError. Caching lives in kiln/backends/cuda/kernel_cache.hpp (cubin_for); kiln/cache/files.hpp has what this uses
 // for cache_dir() and hash64() (failing sources are saved under <cache dir>/failed/).
 
 #include <cstddef>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/cache/kernel_cache.hpp"
+#include "kiln/cache/files.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/debug/logs.hpp"
 

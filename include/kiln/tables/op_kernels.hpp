@@ -5,8 +5,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kiln/backends/cpu/simd.hpp"
-#include "kiln/ops/op_table.hpp"
+#include "kiln/tables/simd.hpp"
+#include "kiln/core/config.hpp"
+#include "kiln/tables/op_table.hpp"
 
 namespace kiln::detail {
 
@@ -68,22 +69,9 @@ void any_op_tile(const void* const* in, void* out, std::int64_t n, DType attr) {
 
 /// The kernel for op id in compute type ct with the operands of `scalars` (a bit per operand)
 /// broadcast from one value: binary ops have variants with either operand scalar; otherwise
-/// scalars must be 0. nullptr where the op never runs in ct.
-inline AnyTileKernel any_tile_kernel(ops::OpId id, DType ct, unsigned scalars) {
-    return visit_compute_dtype(ct, [&](auto ttag) -> AnyTileKernel {
-        using T = typename decltype(ttag)::type;
-        return ops::visit_op(id, [&](auto tag) -> AnyTileKernel {
-            using Op = typename decltype(tag)::type;
-            if constexpr (!op_runs_in<Op, T>) {
-                return nullptr;
-            } else if constexpr (Op::arity == 2) {
-                return scalars == 1u ? &any_op_tile<Op, T, 1u> : scalars == 2u ? &any_op_tile<Op, T, 2u> : &any_op_tile<Op, T, 0u>;
-            } else {
-                return &any_op_tile<Op, T, 0u>;
-            }
-        });
-    });
-}
+/// scalars must be 0. nullptr where the op never runs in ct. (Every op in every compute type:
+/// compiled once, in backends/cpu/op_kernels_impl.hpp.)
+KILN_DECL AnyTileKernel any_tile_kernel(ops::OpId id, DType ct, unsigned scalars);
 
 /// The kernel for op id in compute type T (nullptr where the op never runs in T).
 template <class T>
@@ -96,3 +84,7 @@ inline TileKernel<T> tile_kernel(ops::OpId id) {
 }
 
 }  // namespace kiln::detail
+
+#if KILN_HEADER_ONLY
+#include "kiln/tables/op_kernels_impl.hpp"
+#endif

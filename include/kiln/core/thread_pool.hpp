@@ -236,4 +236,26 @@ namespace kiln {
 inline int num_threads() { return detail::thread_pool().num_threads(); }
 /// Sets the number of CPU threads (>= 1). Also settable with the KILN_NUM_THREADS variable.
 inline void set_num_threads(int n) { detail::thread_pool().resize(std::max(n, 1)); }
+
+namespace detail {
+
+/// Elements per tile: small enough that a few tiles of every operand stay in L1.
+inline constexpr std::int64_t tile_elems = 256;
+/// Below this many elements a loop runs on one thread.
+inline constexpr std::int64_t parallel_grain = 32768;
+
+/// Runs body(start, len) over [0, n) in tiles, threads taking contiguous runs of tiles. Tiles
+/// start at multiples of tile_elems whatever the thread count, so a kernel's full-vector loop and
+/// its tail (which the compiler may contract into FMAs differently) always cover the same
+/// elements: results are bitwise the same on any number of threads.
+template <class Body>
+inline void for_each_tile(std::int64_t n, Body&& body) {
+    const std::int64_t tiles = (n + tile_elems - 1) / tile_elems;
+    parallel_for(tiles, parallel_grain / tile_elems, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t t = b; t < e; ++t) body(t * tile_elems, std::min(tile_elems, n - t * tile_elems));
+    });
+}
+
+}  // namespace detail
+
 }  // namespace kiln

@@ -4,7 +4,7 @@
 #include <limits>
 #include <string_view>
 
-#include "kiln/ops/op_table.hpp"
+#include "kiln/tables/op_table.hpp"
 
 namespace kiln::ops {
 
@@ -15,6 +15,7 @@ enum class ReduceRule : std::uint8_t {
 };
 
 struct SumR {
+    using Accumulate = SumR;  ///< what kernels accumulate (itself)
     static constexpr std::string_view name = "sum", cuda_combine = "(({0}) + ({1}))";
     static constexpr ReduceRule rule = ReduceRule::widen_int;
     static constexpr bool needs_elements = false;
@@ -22,6 +23,7 @@ struct SumR {
     template <class T> static constexpr T identity() { return T(0); }
 };
 struct ProdR {
+    using Accumulate = ProdR;  ///< what kernels accumulate (itself)
     static constexpr std::string_view name = "prod", cuda_combine = "(({0}) * ({1}))";
     static constexpr ReduceRule rule = ReduceRule::widen_int;
     static constexpr bool needs_elements = false;
@@ -29,6 +31,7 @@ struct ProdR {
     template <class T> static constexpr T identity() { return T(1); }
 };
 struct MaxR {
+    using Accumulate = MaxR;  ///< what kernels accumulate (itself)
     static constexpr std::string_view name = "max", cuda_combine = "kiln_max({0}, {1})";
     static constexpr ReduceRule rule = ReduceRule::same;
     static constexpr bool needs_elements = true;  ///< no identity a user would accept for an empty input
@@ -39,6 +42,7 @@ struct MaxR {
     }
 };
 struct MinR {
+    using Accumulate = MinR;  ///< what kernels accumulate (itself)
     static constexpr std::string_view name = "min", cuda_combine = "kiln_min({0}, {1})";
     static constexpr ReduceRule rule = ReduceRule::same;
     static constexpr bool needs_elements = true;
@@ -49,8 +53,29 @@ struct MinR {
     }
 };
 
-/// Every reduction with an identity and a combine op.
-using Reductions = OpList<SumR, ProdR, MaxR, MinR>;
+/// mean: kernels accumulate a sum; the result is divided by the element count (minus a
+/// correction: var's) when a row is done.
+struct MeanR {
+    static constexpr std::string_view name = "mean";
+    using Accumulate = SumR;
+};
+
+/// Every reduction, in the order of their runtime ids (ir::ReduceKind). Adding one: a struct above
+/// and an entry here.
+using Reductions = OpList<SumR, ProdR, MaxR, MinR, MeanR>;
+
+/// Runtime id of a reduction: its position in Reductions.
+using ReduceId = std::uint8_t;
+template <class R> inline constexpr ReduceId reduce_id = static_cast<ReduceId>(detail::IndexOf<R, Reductions>::value);
+
+/// Calls f(std::type_identity<R>{}) for the reduction with this runtime id.
+template <class F>
+decltype(auto) visit_reduction(ReduceId id, F&& f) {
+    return detail::visit_in(Reductions{}, id, std::forward<F>(f));
+}
+inline std::string_view reduction_name(ReduceId id) {
+    return visit_reduction(id, [](auto t) { return decltype(t)::type::name; });
+}
 
 /// Output dtype of reduction R over input dtype d.
 template <class R>

@@ -6,7 +6,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "kiln/backends/cpu/simd.hpp"
+#include "kiln/tables/simd.hpp"
 #include "kiln/core/dtype.hpp"
 
 namespace kiln::ops {
@@ -46,6 +46,9 @@ struct OpTraits {
     static constexpr int arity = Arity;
     static constexpr DTypeRule rule = Rule;
     static constexpr unsigned allowed_categories = Allow;
+    /// CUDA device functions the op's `cuda` text calls (emitted once in every generated kernel's
+    /// prelude, in table order), written next to the CPU formula they mirror. Most ops need none.
+    static constexpr std::string_view cuda_helper = "";
 };
 
 // ---------------------------------------------------------------- unary
@@ -108,15 +111,25 @@ struct Erf : OpTraits<1, DTypeRule::float_math> {
     template <class V> static V eval(V x) { return kiln::detail::simd::erf(x); }
 };
 struct Sigmoid : OpTraits<1, DTypeRule::float_math> {
-    static constexpr std::string_view name = "sigmoid", cuda = "(1 / (1 + exp(-({0}))))";
+    static constexpr std::string_view name = "sigmoid", cuda = "kiln_sigmoid({0})";
+    // the CPU's formula (simd.hpp): e / (1 + e) with e = e^-|x| for x < 0, so tiny results keep their precision
+    static constexpr std::string_view cuda_helper =
+        "template <class T> __device__ __forceinline__ T kiln_sigmoid(T x) {\n"
+        "  const T e = exp(-fabs(x));\n"
+        "  return (x < T(0) ? e : T(1)) / (T(1) + e);\n"
+        "}\n";
     template <class V> static V eval(V x) { return kiln::detail::simd::sigmoid(x); }
 };
 /// GELU, tanh approximation (torch's approximate='tanh'): x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
 /// computed as x * sigmoid(2u) (the same value; no cancellation in 1 + tanh(u) for negative x).
 /// A primitive rather than a composite so that a matmul's backend can take it as its epilogue.
 struct GeluTanh : OpTraits<1, DTypeRule::float_math> {
-    static constexpr std::string_view name = "gelu_tanh",
-                                      cuda = "kiln_gelu_tanh({0})";
+    static constexpr std::string_view name = "gelu_tanh", cuda = "kiln_gelu_tanh({0})";
+    static constexpr std::string_view cuda_helper =
+        "template <class T> __device__ __forceinline__ T kiln_gelu_tanh(T x) {  // as eval below, with kiln_sigmoid\n"
+        "  const T z = T(1.5957691216057308) * (x + T(0.044715) * x * x * x);\n"
+        "  return x * kiln_sigmoid(z);\n"
+        "}\n";
     template <class V> static V eval(V x) {
         using S = detail::scalar_of<V>;
         const V z = V(S(1.5957691216057308)) * (x + V(S(0.044715)) * x * x * x);  // 2 sqrt(2/pi) (x + 0.044715 x^3)

@@ -1,9 +1,5 @@
 // Kernel caches for the CUDA backend: process-wide memory cache -> on-disk cubin cache -> NVRTC.
 #pragma once
-// Also a classic guard: this header and its partner include each other, and clang ignores
-// #pragma once in a main file (clangd, -fsyntax-only on the header), which would loop.
-#ifndef KILN_CACHE_KERNEL_CACHE_HPP
-#define KILN_CACHE_KERNEL_CACHE_HPP
 
 // Namespace kiln::cache (with guards.hpp); internals in kiln::cache::detail.
 //
@@ -11,9 +7,8 @@
 // concurrent askers wait on one compile), then <cache_dir()>/cubin/<hexkey>.cubin, then NVRTC
 // (compile_to_cubin), whose result is written to disk through a temp file and a rename.
 //
-// This header and kiln/backends/cuda/nvrtc.hpp need each other (the cache compiles with NVRTC;
-// NVRTC saves failing sources under cache_dir()). This one comes first: it declares what it uses
-// from nvrtc.hpp and includes nvrtc.hpp at its end, so either header can be included alone.
+// The cache directory, key hashing and atomic file writes are kiln/cache/files.hpp (NVRTC saves
+// failing sources there too).
 
 #include <algorithm>
 #include <array>
@@ -39,54 +34,14 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/backends/cuda/nvrtc.hpp"
+#include "kiln/cache/files.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/version.hpp"
 
-namespace kiln::cuda {
-// Defined in kiln/backends/cuda/nvrtc.hpp (included at the end of this file).
-inline bool nvrtc_available();
-inline int nvrtc_version();
-inline std::string compile_to_cubin(const std::string& source, const std::string& name, int arch,
-                                    const std::vector<std::string>& extra_flags);
-namespace detail {
-inline std::vector<std::string> nvrtc_options(int arch, const std::vector<std::string>& extra_flags);
-}  // namespace detail
-}  // namespace kiln::cuda
 
 namespace kiln::cache {
-
-/// Where kiln keeps compiled kernels: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln, else <temp>/kiln-cache.
-inline std::string cache_dir() {
-    auto env = [](const char* name) -> std::string {
-        const char* v = std::getenv(name);
-        return v ? std::string(v) : std::string();
-    };
-    if (std::string d = env("KILN_CACHE_DIR"); !d.empty()) return d;
-    if (std::string d = env("XDG_CACHE_HOME"); !d.empty()) return (std::filesystem::path(d) / "kiln").string();
-    if (std::string d = env("HOME"); !d.empty()) return (std::filesystem::path(d) / ".cache" / "kiln").string();
-    std::error_code ec;
-    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-    if (ec || tmp.empty()) tmp = "/tmp";
-    return (tmp / "kiln-cache").string();
-}
-
-/// 64-bit FNV-1a of `data`, continuing from `h` (pass a previous result to hash several pieces).
-inline std::uint64_t hash64(std::string_view data, std::uint64_t h = 0xcbf29ce484222325ull) {
-    for (unsigned char c : data) {
-        h ^= c;
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-/// `v` as 16 lowercase hex digits (file names of cache entries and failed sources).
-inline std::string to_hex(std::uint64_t v) {
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string s(16, '0');
-    for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = digits[v & 0xf];
-    return s;
-}
 
 /// One kernel of a program, for cubins_for.
 struct KernelSource {
@@ -234,58 +189,6 @@ inline DiskLookup read_entry(const std::filesystem::path& path, int arch, std::u
     } catch (const std::exception& e) {
         kiln::debug::log("cache", "cannot read " + path.string() + ": " + e.what());
         return DiskLookup::miss;
-    }
-}
-
-/// A file name no other writer (thread or process) uses at the same time: "<stem>.tmp.<nonce>.<n>".
-inline std::filesystem::path unique_temp_path(const std::filesystem::path& target) {
-    static const std::uint64_t nonce = [] {
-        std::random_device rd;
-        std::uint64_t n = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-        n ^= static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-        return n;
-    }();
-    static std::atomic<std::uint64_t> counter{0};
-    std::string name = target.filename().string() + ".tmp." + to_hex(nonce) + "." +
-                       std::to_string(counter.fetch_add(1)) + "." +
-                       to_hex(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    return target.parent_path() / name;
-}
-
-/// Writes `bytes` to `target` atomically (temp file in the same dir, then rename); false and `why` on failure.
-inline bool write_file_atomically(const std::filesystem::path& target, const std::string& bytes, std::string& why) {
-    try {
-        std::error_code ec;
-        std::filesystem::create_directories(target.parent_path(), ec);
-        if (ec) {
-            why = "cannot create " + target.parent_path().string() + ": " + ec.message();
-            return false;
-        }
-        const std::filesystem::path tmp = unique_temp_path(target);
-        {
-            std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-            if (!out) {
-                why = "cannot create " + tmp.string();
-                return false;
-            }
-            out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-            out.close();
-            if (!out) {
-                std::filesystem::remove(tmp, ec);
-                why = "cannot write " + tmp.string() + " (disk full?)";
-                return false;
-            }
-        }
-        std::filesystem::rename(tmp, target, ec);
-        if (ec) {
-            why = "cannot rename " + tmp.string() + " to " + target.string() + ": " + ec.message();
-            std::filesystem::remove(tmp, ec);
-            return false;
-        }
-        return true;
-    } catch (const std::exception& e) {
-        why = e.what();
-        return false;
     }
 }
 
@@ -490,6 +393,4 @@ inline void clear_memory_kernel_cache() {
 
 }  // namespace kiln::cache
 
-#include "kiln/backends/cuda/nvrtc.hpp"
 
-#endif  // KILN_CACHE_KERNEL_CACHE_HPP

@@ -1,0 +1,102 @@
+// The CUDA statement front door's compiled part: a statement's graph is optimized, fused and
+// compiled once per statement cache and key (backends/cuda/frontend.hpp has the templates).
+#pragma once
+// Included at the end of kiln/backends/cuda/frontend.hpp (in header-only mode, or by kiln/src.hpp), never on its own.
+
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "kiln/backends/cuda/graph_exec.hpp"
+#include "kiln/passes/pipeline.hpp"
+#include "kiln/trace/tracer.hpp"
+
+namespace kiln::cuda::detail {
+
+/// Runs a statement: `build(tracer, leaf)` records its nodes (leaf(t) gives an input's node) and
+/// returns the result node. Compiled once per Tag and key.
+KILN_DECL Tensor run_statement(StatementCache& cache, const std::vector<Tensor>& inputs, const std::string& key, std::string_view op,
+                               const std::source_location& loc, const StatementBuild& build, const Tensor* into) {
+    const int device = common_device(inputs, op, loc);
+    const std::string full = key + "|" + guard_text(inputs);
+    std::shared_ptr<CudaGraphProgram> prog;
+    {
+        std::shared_lock lock(cache.mu);
+        if (auto it = cache.programs.find(full); it != cache.programs.end()) prog = it->second;
+    }
+    if (!prog) {
+        trace::Tracer tr(nullptr, true);
+        std::vector<int> nodes;
+        for (const Tensor& t : inputs) nodes.push_back(tr.node_of(tr.input(t)));
+        auto leaf_of = [&](const Tensor& t) {
+            for (std::size_t k = 0; k < inputs.size(); ++k)
+                if (inputs[k].is_same(t)) return nodes[k];
+            throw InternalError("kiln: CUDA statement leaf not among its inputs");
+        };
+        const int out = build(tr, StatementLeaf(leaf_of));
+        ir::Graph g = tr.graph();
+        g.outputs = {out};
+        ir::Graph opt = passes::run_pipeline(g, {});
+        const int res = opt.outputs[0];
+        if (opt[res].kind != ir::Kind::elementwise && opt[res].kind != ir::Kind::reduce && opt[res].kind != ir::Kind::arg_reduce &&
+            opt[res].kind != ir::Kind::matmul) {
+            // the statement simplified to one of its inputs (or a view): a statement always
+            // makes a new contiguous tensor, so copy it (an identity cast the passes never see)
+            ir::Node copy;
+            copy.kind = ir::Kind::elementwise;
+            copy.op = ops::op_id<ops::Cast>;
+            copy.dtype = copy.attr = opt[res].dtype;
+            copy.ct = compute_dtype(opt[res].dtype);
+            copy.shape = opt[res].shape;
+            copy.in = {res};
+            opt.outputs[0] = opt.add(std::move(copy));
+        }
+        fuse::Plan plan = fuse::plan(opt);
+        auto made = std::make_shared<CudaGraphProgram>(std::move(opt), std::move(plan), device);
+        std::unique_lock lock(cache.mu);
+        prog = cache.programs.emplace(full, std::move(made)).first->second;
+    }
+    return prog->run(inputs, into)[0];
+}
+
+/// One table op as its own kernel (eager CUDA): operands in order, tensors or scalars.
+KILN_DECL Tensor run_op(ops::OpId op, DType dtype, DType ct, DType attr, const Shape& shape, const std::vector<Tensor>& tensors,
+                     const std::vector<int>& operand_is_tensor, const std::vector<double>& scalars) {
+    std::string key = std::to_string(op) + "/" + std::to_string(static_cast<int>(dtype)) + "/" + std::to_string(static_cast<int>(ct)) +
+                      "/" + std::to_string(static_cast<int>(attr)) + ":";
+    for (int t : operand_is_tensor) key += t ? "t" : "s";
+    for (double s : scalars) key += number_text(s) + ",";
+    struct EagerOp {};
+    return run_statement(statement_cache<EagerOp>(), tensors, key, ops::op_name(op), std::source_location::current(),
+                         [&](trace::Tracer& tr, const StatementLeaf&) {
+        ir::Node n;
+        n.kind = ir::Kind::elementwise;
+        n.op = op;
+        n.dtype = dtype;
+        n.ct = ct;
+        n.attr = attr;
+        n.shape = shape;
+        std::size_t nt = 0, ns = 0;
+        for (int is_t : operand_is_tensor) {
+            if (is_t) n.in.push_back(tr.graph().inputs[nt++]);
+            else n.in.push_back(tr.scalar(scalars[ns++], ct));
+        }
+        return tr.graph().add(std::move(n));
+    });
+}
+
+/// Writes `value` (already out's shape and dtype, contiguous) into out's memory.
+KILN_DECL void copy_contiguous_into(const Tensor& out, const Tensor& value) {
+    if (out.numel() == 0) return;
+    const int dev = out.device().index;
+    use_device(dev);
+    check(driver().memcpy_dtod_async(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(out.data_ptr())),
+                                     static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(value.data_ptr())), out.nbytes(),
+                                     current_stream(dev)),
+          "cuMemcpyDtoDAsync");
+}
+
+}  // namespace kiln::cuda::detail

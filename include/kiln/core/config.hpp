@@ -1,0 +1,20 @@
+// Build modes. Header-only (the default): every definition is in the headers, compiled by each
+// translation unit that uses it. Separate compilation (KILN_SEPARATE_COMPILATION, as Boost.Asio's
+// BOOST_ASIO_SEPARATE_COMPILATION): kiln's non-template runtime (the compile engine, the CUDA
+// backend, matmul, nn) is declared only, and compiled once, in one .cpp that includes
+// <kiln/src.hpp> or by linking the CMake target kiln::kiln_compiled.
+#pragma once
+
+#if defined(KILN_SEPARATE_COMPILATION) && !defined(KILN_BUILDING_LIBRARY)
+#define KILN_HEADER_ONLY 0  // user code in separate mode: the runtime's definitions are not seen
+#else
+#define KILN_HEADER_ONLY 1  // header-only, or the one translation unit that compiles the runtime
+#endif
+
+// KILN_DECL marks a runtime function that separate compilation compiles once: inline in
+// header-only mode, an ordinary external function otherwise.
+#if defined(KILN_SEPARATE_COMPILATION)
+#define KILN_DECL
+#else
+#define KILN_DECL inline
+#endif

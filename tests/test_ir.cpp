@@ -1,0 +1,287 @@
+// The ir layer, each pass and the guards, on hand-built graphs: ir::verify rejects each broken
+// invariant, structural hashing and equality tell graphs apart (a constant view of the same memory
+// with other strides included), each pass does its one rewrite and keeps the values, and
+// TensorGuard passes and fails on exactly the changes it should.
+#include <doctest/doctest.h>
+
+#include <kiln/kiln.hpp>
+#include <kiln/backends/cpu/graph_exec.hpp>
+#include <kiln/cache/guards.hpp>
+#include <kiln/ir/hash.hpp>
+#include <kiln/ir/verify.hpp>
+#include <kiln/passes/pipeline.hpp>
+
+#include "test_util.hpp"
+
+#include <string>
+#include <vector>
+
+namespace {
+
+using kiln::DType;
+using kiln::Shape;
+using kiln::Tensor;
+namespace ir = kiln::ir;
+namespace ops = kiln::ops;
+
+int input(ir::Graph& g, Shape s, int index, DType dt = DType::f32) {
+    ir::Node n;
+    n.kind = ir::Kind::input;
+    n.dtype = dt;
+    n.shape = s;
+    n.index = index;
+    const int id = g.add(std::move(n));
+    g.inputs.push_back(id);
+    return id;
+}
+
+int scalar(ir::Graph& g, double v, DType dt = DType::f32) {
+    ir::Node n;
+    n.kind = ir::Kind::scalar;
+    n.dtype = dt;
+    n.value = v;
+    return g.add(std::move(n));
+}
+
+int constant(ir::Graph& g, const Tensor& t) {
+    ir::Node n;
+    n.kind = ir::Kind::constant;
+    n.dtype = t.dtype();
+    n.shape = t.shape();
+    n.tensor = t;
+    return g.add(std::move(n));
+}
+
+template <class Op>
+int ew(ir::Graph& g, std::vector<int> in, Shape s, DType dt = DType::f32) {
+    ir::Node n;
+    n.kind = ir::Kind::elementwise;
+    n.op = ops::op_id<Op>;
+    n.dtype = dt;
+    n.ct = kiln::compute_dtype(dt);
+    n.attr = dt;
+    n.shape = s;
+    n.in = std::move(in);
+    return g.add(std::move(n));
+}
+
+int sum(ir::Graph& g, int x, unsigned mask, Shape s) {
+    ir::Node n;
+    n.kind = ir::Kind::reduce;
+    n.rkind = ir::ReduceKind::sum;
+    n.dtype = DType::f32;
+    n.ct = DType::f32;
+    n.mask = mask;
+    n.keepdim = true;
+    n.shape = s;
+    n.in = {x};
+    return g.add(std::move(n));
+}
+
+/// Runs g on the CPU program (each node its own kernel) with these inputs.
+std::vector<Tensor> run(const ir::Graph& g, const std::vector<Tensor>& in) {
+    const kiln::fuse::Plan plan = kiln::fuse::plan(g);
+    kiln::detail::CpuGraphProgram prog(g, plan);
+    return prog.run(in);
+}
+
+std::string verify_error(const ir::Graph& g) {
+    try {
+        ir::verify(g, "test");
+    } catch (const kiln::InternalError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("ir::verify accepts a well-formed graph and names each broken invariant") {
+    ir::Graph g;
+    const int x = input(g, {3, 4}, 0), b = input(g, {4}, 1);
+    const int y = ew<ops::Add>(g, {x, b}, {3, 4});
+    g.outputs = {y};
+    CHECK(verify_error(g).empty());
+
+    ir::Graph late = g;  // an operand that does not precede its user
+    late[y].in = {x, y};
+    CHECK(verify_error(late).find("%2 uses %2, which does not precede it") != std::string::npos);
+
+    ir::Graph arity = g;
+    arity[y].in = {x};
+    CHECK(verify_error(arity).find("wrong number of operands") != std::string::npos);
+
+    ir::Graph shape = g;
+    shape[y].shape = {3, 5};
+    CHECK(verify_error(shape).find("has shape (3, 5) but its operands broadcast to (3, 4)") != std::string::npos);
+
+    ir::Graph nobcast;
+    const int p = input(nobcast, {3, 4}, 0), q = input(nobcast, {5}, 1);
+    nobcast.outputs = {ew<ops::Mul>(nobcast, {p, q}, {3, 4})};
+    CHECK(verify_error(nobcast).find("do not broadcast") != std::string::npos);
+
+    ir::Graph out = g;
+    out.outputs = {7};
+    CHECK(verify_error(out).find("output out of range") != std::string::npos);
+
+    ir::Graph leaf = g;
+    leaf[x].in = {b};
+    CHECK(verify_error(leaf).find("does not precede") != std::string::npos);  // reported before the leaf rule
+    ir::Graph leaf2 = g;
+    leaf2[b].in = {x};
+    CHECK(verify_error(leaf2).find("is a leaf with operands") != std::string::npos);
+}
+
+TEST_CASE("structural hash and equality: equal for the same computation, different for any change") {
+    const Tensor w = kiln::randn({4, 4});
+    auto build = [&](const Tensor& c, double k, DType dt) {
+        ir::Graph g;
+        const int x = input(g, {4, 4}, 0, dt);
+        const int wc = constant(g, c);
+        const int m = ew<ops::Mul>(g, {x, wc}, {4, 4}, dt);
+        g.outputs = {ew<ops::Add>(g, {m, scalar(g, k, dt)}, {4, 4}, dt)};
+        return g;
+    };
+    const ir::Graph a = build(w, 1.5, DType::f32), b = build(w, 1.5, DType::f32);
+    CHECK(ir::structural_hash(a) == ir::structural_hash(b));
+    CHECK(ir::structurally_equal(a, b));
+
+    const ir::Graph other_scalar = build(w, 2.5, DType::f32);
+    CHECK(ir::structural_hash(a) != ir::structural_hash(other_scalar));
+    CHECK_FALSE(ir::structurally_equal(a, other_scalar));
+
+    const ir::Graph other_dtype = build(w.to(DType::f64), 1.5, DType::f64);
+    CHECK_FALSE(ir::structurally_equal(a, other_dtype));
+
+    // the same memory seen with other strides (w and its transpose) is another constant
+    const ir::Graph transposed = build(w.t(), 1.5, DType::f32);
+    CHECK(transposed[1].tensor.storage() == a[1].tensor.storage());
+    CHECK(ir::structural_hash(a) != ir::structural_hash(transposed));
+    CHECK_FALSE(ir::structurally_equal(a, transposed));
+
+    ir::Graph other_op = a;
+    other_op[2].op = ops::op_id<ops::Sub>;
+    CHECK(ir::structural_hash(a) != ir::structural_hash(other_op));
+    CHECK_FALSE(ir::structurally_equal(a, other_op));
+
+    ir::Graph other_outputs = a;
+    other_outputs.outputs = {2};
+    CHECK_FALSE(ir::structurally_equal(a, other_outputs));
+}
+
+TEST_CASE("a graph-breaking function whose segments collide on everything but a constant's strides runs each right") {
+    // two traces whose segments differ only in which view of one square matrix they read: the
+    // segment cache matches by full structural equality, not by the hash alone
+    const Tensor w = kiln::randn({5, 5});
+    auto f = kiln::compile([&](const Tensor& x, const Tensor& pick) {
+        const bool t = pick.item<float>() > 0;  // a graph break: the value decides the branch
+        return Tensor(kiln::matmul(x, t ? w.t() : w) * 2.0);
+    });
+    const Tensor x = kiln::randn({3, 5});
+    const Tensor yes = kiln::ones({1}), no = kiln::zeros({1});
+    CHECK(kiln_test::maxdiff(f(x, no), Tensor(kiln::matmul(x, w) * 2.0)) < 1e-5);
+    CHECK(kiln_test::maxdiff(f(x, yes), Tensor(kiln::matmul(x, w.t()) * 2.0)) < 1e-5);
+    CHECK(kiln_test::maxdiff(f(x, no), Tensor(kiln::matmul(x, w) * 2.0)) < 1e-5);
+}
+
+TEST_CASE("each pass does its rewrite and keeps the values") {
+    const Tensor xv = kiln::randn({3, 4}), bv = kiln::randn({4});
+    SUBCASE("fold_constants: an op over numbers becomes one number, rounded as the kernel would") {
+        ir::Graph g;
+        const int x = input(g, {3, 4}, 0);
+        const int c = ew<ops::Mul>(g, {scalar(g, 2), scalar(g, 1.1)}, {});
+        g.outputs = {ew<ops::Add>(g, {x, c}, {3, 4})};
+        const ir::Graph f = kiln::passes::fold_constants(g);
+        ir::verify(f, "fold_constants");
+        CHECK(f[c].kind == ir::Kind::scalar);
+        CHECK(f[c].value == static_cast<double>(2.0f * 1.1f));  // in f32, the node's compute type
+        CHECK(kiln_test::maxdiff(run(f, {xv})[0], Tensor(xv + 2.2)) < 1e-6);
+    }
+    SUBCASE("eliminate_common_subexpressions: two equal nodes become one") {
+        ir::Graph g;
+        const int x = input(g, {3, 4}, 0), b = input(g, {4}, 1);
+        const int s1 = ew<ops::Sin>(g, {x}, {3, 4}), s2 = ew<ops::Sin>(g, {x}, {3, 4});
+        g.outputs = {ew<ops::Add>(g, {ew<ops::Mul>(g, {s1, s2}, {3, 4}), b}, {3, 4})};
+        const ir::Graph e = kiln::passes::eliminate_common_subexpressions(g);
+        ir::verify(e, "cse");
+        int sins = 0;
+        for (const auto& n : e.nodes) sins += n.kind == ir::Kind::elementwise && n.op == ops::op_id<ops::Sin>;
+        CHECK(sins == 1);
+        CHECK(kiln_test::maxdiff(run(e, {xv, bv})[0], Tensor(kiln::sin(xv) * kiln::sin(xv) + bv)) < 1e-6);
+    }
+    SUBCASE("eliminate_dead_code: a node nothing reads is dropped") {
+        ir::Graph g;
+        const int x = input(g, {3, 4}, 0);
+        (void)ew<ops::Cos>(g, {x}, {3, 4});
+        g.outputs = {ew<ops::Neg>(g, {x}, {3, 4})};
+        const ir::Graph d = kiln::passes::eliminate_dead_code(g);
+        ir::verify(d, "dce");
+        CHECK(d.size() == 2);
+        CHECK(kiln_test::maxdiff(run(d, {xv})[0], Tensor(-xv)) == 0);
+    }
+    SUBCASE("simplify: x + 0, x * 1, -(-x) and cast(cast(x)) are x; the op is matched by id") {
+        ir::Graph g;
+        const int x = input(g, {3, 4}, 0);
+        const int a = ew<ops::Add>(g, {x, scalar(g, 0)}, {3, 4});
+        const int m = ew<ops::Mul>(g, {a, scalar(g, 1)}, {3, 4});
+        const int n2 = ew<ops::Neg>(g, {ew<ops::Neg>(g, {m}, {3, 4})}, {3, 4});
+        g.outputs = {n2};
+        const ir::Graph s = kiln::passes::eliminate_dead_code(kiln::passes::simplify(g));
+        ir::verify(s, "simplify");
+        CHECK(s.size() == 1);
+        CHECK(s.outputs == std::vector<int>{0});
+        // x + 0 is not x when the sum broadcasts x to another shape
+        ir::Graph h;
+        const int y = input(h, {4}, 0);
+        const int z = input(h, {3, 4}, 1);
+        const int zero = ew<ops::Mul>(h, {z, scalar(h, 0)}, {3, 4});
+        h.outputs = {ew<ops::Add>(h, {y, zero}, {3, 4})};
+        const ir::Graph hs = kiln::passes::simplify(h);
+        CHECK(hs[hs.outputs[0]].shape == Shape{3, 4});
+    }
+    SUBCASE("simplify: the sum of a product of broadcast factors never forms the product") {
+        ir::Graph g;
+        const int a = input(g, {3, 1}, 0), b = input(g, {1, 4}, 1);
+        const int p = ew<ops::Mul>(g, {a, b}, {3, 4});
+        g.outputs = {sum(g, p, 0b11, {1, 1})};
+        const ir::Graph s = kiln::passes::eliminate_dead_code(kiln::passes::simplify(g));
+        ir::verify(s, "simplify");
+        for (const auto& n : s.nodes) CHECK_FALSE((n.kind == ir::Kind::elementwise && n.shape == Shape{3, 4}));
+        const Tensor av = kiln::randn({3, 1}), bw = kiln::randn({1, 4});
+        CHECK(kiln_test::maxdiff(run(s, {av, bw})[0], kiln::sum(av * bw, {0, 1}, true)) < 1e-5);
+    }
+    SUBCASE("the pipeline runs them all, verified after each") {
+        ir::Graph g;
+        const int x = input(g, {3, 4}, 0);
+        const int c = ew<ops::Exp>(g, {constant(g, bv)}, {4});
+        const int s1 = ew<ops::Sin>(g, {x}, {3, 4}), s2 = ew<ops::Sin>(g, {x}, {3, 4});
+        g.outputs = {ew<ops::Add>(g, {ew<ops::Mul>(g, {s1, s2}, {3, 4}), ew<ops::Mul>(g, {c, scalar(g, 1)}, {4})}, {3, 4})};
+        std::vector<std::string> steps;
+        const ir::Graph o = kiln::passes::run_pipeline(g, [&](const std::string& name, const ir::Graph&) { steps.push_back(name); });
+        CHECK(steps.size() >= 4);
+        CHECK(o.size() < g.size());
+        CHECK(kiln_test::maxdiff(run(o, {xv})[0], Tensor(kiln::sin(xv) * kiln::sin(xv) + kiln::exp(bv))) < 1e-6);
+    }
+}
+
+TEST_CASE("TensorGuard: passes for the same tensor, fails on dtype, rank, size, layout; symbolic dims follow sizes >= 2") {
+    using kiln::cache::TensorGuard;
+    const Tensor t = kiln::randn({8, 16});
+    const TensorGuard g = TensorGuard::of(t, {});
+    CHECK(g.matches(kiln::randn({8, 16})));
+    CHECK(g.mismatch(kiln::randn({8, 16})).empty());
+    CHECK(g.mismatch(kiln::randn({8, 16}).to(DType::f64)) == "dtype was float32, now float64");
+    CHECK(g.mismatch(kiln::randn({8, 16, 1})) == "rank was 2, now 3");
+    CHECK(g.mismatch(kiln::randn({8, 17})) == "dim 1 was 16, now 17");
+    CHECK(g.mismatch(kiln::randn({16, 8}).t()) == "was contiguous, now strided");
+    // dim 0 symbolic: any size >= 2 passes, 0 and 1 stay specialized (they change broadcasting)
+    const TensorGuard d = TensorGuard::of(t, {1, 0});
+    CHECK(d.str() == "float32(s, 16) on cpu");
+    CHECK(d.matches(kiln::randn({3, 16})));
+    CHECK(d.matches(kiln::randn({1000, 16})));
+    CHECK(d.mismatch(kiln::randn({1, 16})) == "dim 0 was symbolic, now 1");
+    CHECK_FALSE(d.matches(kiln::randn({0, 16})));
+    CHECK_FALSE(d.matches(kiln::randn({3, 15})));
+    // a dim of size 1 is never made symbolic
+    CHECK(TensorGuard::of(kiln::randn({1, 16}), {1, 1}).str() == "float32(1, s) on cpu");
+}
