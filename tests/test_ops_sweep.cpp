@@ -207,6 +207,10 @@ std::optional<double> independent_value(std::string_view n, bool int_ct, DType a
         const LD x = a;
         return static_cast<double>(x / 2 * (1 + std::tanh(std::sqrt(2 / std::numbers::pi_v<LD>) * (x + 0.044715L * x * x * x))));
     }
+    if (n == "hardswish") {  // torch.nn.Hardswish: x * relu6(x + 3) / 6
+        const LD x = a;
+        return static_cast<double>(x * std::min<LD>(std::max<LD>(x + 3, 0), 6) / 6);
+    }
     if (n == "relu") return std::isnan(a) ? a : (a < 0 ? 0.0 : a);
     if (n == "floor") return std::floor(a);
     if (n == "ceil") return std::ceil(a);

@@ -34,6 +34,7 @@ inline constexpr detail::OpFn<ops::Tan> tan{};
 inline constexpr detail::OpFn<ops::Tanh> tanh{};
 inline constexpr detail::OpFn<ops::Erf> erf{};
 inline constexpr detail::OpFn<ops::Sigmoid> sigmoid{};
+inline constexpr detail::OpFn<ops::Hardswish> hardswish{};
 inline constexpr detail::OpFn<ops::Relu> relu{};
 inline constexpr detail::OpFn<ops::GeluTanh> gelu_tanh{};  ///< GELU, tanh approximation (torch's approximate='tanh')
 inline constexpr detail::OpFn<ops::Floor> floor{};

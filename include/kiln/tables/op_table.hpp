@@ -136,6 +136,16 @@ struct GeluTanh : OpTraits<1, DTypeRule::float_math> {
         return x * kiln::detail::simd::sigmoid(z);
     }
 };
+/// torch.nn.Hardswish: x * relu6(x + 3) / 6 (NaN stays NaN).
+struct Hardswish : OpTraits<1, DTypeRule::float_math> {
+    static constexpr std::string_view name = "hardswish", cuda = "kiln_hardswish({0})";
+    static constexpr std::string_view cuda_helper =
+        "template <class T> __device__ __forceinline__ T kiln_hardswish(T x) { return x * kiln_min(kiln_max(x + T(3), T(0)), T(6)) / T(6); }\n";
+    template <class V> static V eval(V x) {
+        using T = detail::scalar_of<V>;
+        return x * kiln::detail::simd::min(kiln::detail::simd::max(x + V(T(3)), V(T(0))), V(T(6))) / V(T(6));
+    }
+};
 struct Relu : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "relu", cuda = "relu({0})";
     template <class V> static V eval(V x) { return kiln::detail::simd::relu(x); }
@@ -300,7 +310,7 @@ template <class... Ops> struct OpList {
 };
 
 /// Every primitive elementwise op. Adding one: a struct above and an entry here.
-using ElementwiseOps = OpList<Neg, Abs, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Sigmoid, GeluTanh, Relu,
+using ElementwiseOps = OpList<Neg, Abs, Exp, Expm1, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Sigmoid, GeluTanh, Hardswish, Relu,
                               Floor, Ceil, Round, Sign, Reciprocal, LogicalNot, Cast, Copy, Add, Sub, Mul, Div, Pow, Remainder,
                               Fmod, FloorDivide, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, Where>;
 
