@@ -209,6 +209,15 @@ public:
         }
     }
 
+    /// A JSON number, or null where v is not finite (JSON has no NaN or infinity; warm-start rows
+    /// have no rate).
+    static std::string json_number(double v) {
+        if (!std::isfinite(v)) return "null";
+        std::ostringstream s;
+        s << v;
+        return s.str();
+    }
+
     void write_json(const std::string& path) const {
         std::ofstream f(path);
         if (!f) throw std::runtime_error("kiln_bench: cannot write " + path);
@@ -217,14 +226,14 @@ public:
             const Row& r = rows_[i];
             const double copy = copy_bandwidth(r.threads), eager = eager_us(r.workload, r.threads);
             f << "  {\"workload\": \"" << r.workload << "\", \"method\": \"" << r.method << "\", \"device\": \"" << r.device
-              << "\", \"threads\": " << r.threads << ", \"median_us\": " << r.median_us << ", \"min_us\": " << r.min_us
-              << ", \"first_call_us\": " << r.first_call_us << ", \"repeats\": " << r.repeats << ", \"bytes\": " << r.bytes
-              << ", \"gbps\": " << r.gbps();
-            if (copy > 0) f << ", \"pct_copy\": " << 100 * r.gbps() / copy;
-            if (eager > 0) f << ", \"speedup_vs_eager\": " << eager / r.median_us;
+              << "\", \"threads\": " << r.threads << ", \"median_us\": " << json_number(r.median_us) << ", \"min_us\": "
+              << json_number(r.min_us) << ", \"first_call_us\": " << json_number(r.first_call_us) << ", \"repeats\": " << r.repeats
+              << ", \"bytes\": " << json_number(r.bytes) << ", \"gbps\": " << json_number(r.gbps());
+            if (copy > 0) f << ", \"pct_copy\": " << json_number(100 * r.gbps() / copy);
+            if (eager > 0) f << ", \"speedup_vs_eager\": " << json_number(eager / r.median_us);
             if (auto m = meta_.find(r.workload); m != meta_.end()) {
-                f << ", \"flops\": " << m->second.first << ", \"math\": \"" << m->second.second << "\"";
-                if (r.median_us > 0 && m->second.first > 0) f << ", \"tflops\": " << m->second.first / (r.median_us * 1e6);
+                f << ", \"flops\": " << json_number(m->second.first) << ", \"math\": \"" << m->second.second << "\"";
+                if (r.median_us > 0 && m->second.first > 0) f << ", \"tflops\": " << json_number(m->second.first / (r.median_us * 1e6));
             }
             f << "}" << (i + 1 < rows_.size() ? "," : "") << "\n";
         }
