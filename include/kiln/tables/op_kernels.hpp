@@ -70,7 +70,7 @@ void any_op_tile(const void* const* in, void* out, std::int64_t n, DType attr) {
 /// The kernel for op id in compute type ct with the operands of `scalars` (a bit per operand)
 /// broadcast from one value: binary ops have variants with either operand scalar; otherwise
 /// scalars must be 0. nullptr where the op never runs in ct. (Every op in every compute type:
-/// compiled once, in backends/cpu/op_kernels_impl.hpp.)
+/// compiled once, in tables/op_kernels_impl.hpp.)
 KILN_DECL AnyTileKernel any_tile_kernel(ops::OpId id, DType ct, unsigned scalars);
 
 /// The kernel for op id in compute type T (nullptr where the op never runs in T).
