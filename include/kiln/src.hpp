@@ -5,5 +5,8 @@
 #if !defined(KILN_SEPARATE_COMPILATION)
 #error "kiln/src.hpp is for separate compilation: define KILN_SEPARATE_COMPILATION for every translation unit"
 #endif
+#if defined(KILN_HEADER_ONLY) && !KILN_HEADER_ONLY
+#error "kiln/src.hpp must come before every other kiln header in its .cpp (they were read as declarations only)"
+#endif
 #define KILN_BUILDING_LIBRARY 1
 #include "kiln/kiln.hpp"
