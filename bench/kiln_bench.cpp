@@ -10,6 +10,8 @@
 // `Bench::row`; keep one lambda per (workload, method).
 #include <kiln/kiln.hpp>
 #include <kiln/interop/eigen.hpp>
+#include <kiln/nn/bert.hpp>
+#include <kiln/nn/tokenizer.hpp>
 
 #include <Eigen/Core>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -631,6 +634,134 @@ void bench_models(Bench& b) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Whole models: BERT-base (bert-base-uncased's architecture: 12 layers, hidden 768) with seeded
+// random weights written once to safetensors in the data dir, so that the PyTorch anchor loads
+// the same ones (Hugging Face's BertModel), on the seed's sentence (batch 1, tokenized by kiln's
+// BertTokenizer) and on batch 8 x 128; and all-MiniLM-L6-v2 (the real model, KILN_MINILM_DIR)
+// embedding 32 sentences of up to 64 tokens on the CPU. The inputs and kiln's compiled output go
+// to the data dir too: the anchor checks its output against kiln's before timing.
+
+std::filesystem::path bench_data_dir() {
+    const char* d = std::getenv("KILN_BENCH_DATA");
+    return d ? d : "/tmp/kiln-bench-data";
+}
+
+/// bert-base with seeded random weights: written once to DIR/bert_base (config.json,
+/// model.safetensors, vocab.txt), read back from there by kiln and by the anchor.
+std::filesystem::path bert_base_dir() {
+    namespace fs = std::filesystem;
+    const fs::path dir = bench_data_dir() / "bert_base";
+    if (fs::exists(dir / "model.safetensors")) return dir;
+    fs::create_directories(dir);
+    kiln::manual_seed(11);
+    kiln::nn::BertModel m(kiln::nn::BertConfig{});
+    kiln::nn::save_safetensors(dir / "model.safetensors", kiln::nn::state_dict(m));
+    std::ofstream(dir / "config.json") << R"({"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522,
+ "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
+ "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512, "type_vocab_size": 2,
+ "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute"})";
+    fs::copy_file(KILN_SOURCE_DIR "/tests/data/bert/vocab.txt", dir / "vocab.txt", fs::copy_options::overwrite_existing);
+    return dir;
+}
+
+/// The seed's sentence as a batch of one, or batch 8 x 128 of random ids (full attention mask).
+kiln::nn::BatchEncoding bert_inputs(const std::filesystem::path& dir, bool seed_sentence) {
+    if (seed_sentence) return kiln::nn::BertTokenizer::from_file(dir / "vocab.txt")({"Here is some text to encode"});
+    kiln::manual_seed(12);
+    const Tensor ids = Tensor(kiln::floor(kiln::rand({8, 128}) * 30000.0) + 1000.0).to(kiln::DType::i64);
+    return {ids, kiln::ones({8, 128}, kiln::DType::i64), kiln::zeros({8, 128}, kiln::DType::i64)};
+}
+
+void bench_bert_base(Bench& b, kiln::Device dev, bool gpu) {
+    namespace fs = std::filesystem;
+    for (const bool b1 : {true, false})
+        for (const kiln::DType dt : {kiln::DType::f32, kiln::DType::bf16}) {
+            const bool bf16 = dt == kiln::DType::bf16;
+            const std::string shape = b1 ? "b1" : "b8x128", name = "bert_base_" + shape + (bf16 ? "_bf16" : "_f32");
+            if (!b.wanted(name)) continue;
+            const fs::path dir = bert_base_dir();
+            const kiln::nn::BatchEncoding in = bert_inputs(dir, b1);
+            kiln::nn::save_safetensors(dir / ("inputs_" + shape + ".safetensors"),
+                                       {{"input_ids", in.input_ids}, {"attention_mask", in.attention_mask}, {"token_type_ids", in.token_type_ids}});
+            const auto model = std::make_shared<kiln::nn::BertModel>(kiln::nn::BertModel::from_pretrained(dir, {.dtype = dt, .device = dev}));
+            const Tensor ids = in.input_ids.to(dev), mask = in.attention_mask.to(dev);
+            const std::int64_t B = ids.size(0), S = ids.size(1), E = 768, F = 3072, L = 12;
+            b.set_meta(name, L * (2.0 * B * S * (4.0 * E * E + 2.0 * E * F) + 4.0 * B * S * S * E),
+                       bf16 ? "bf16 (f32 accumulate)" : "f32 (no TF32)");
+            const auto fn = [model](const Tensor& i, const Tensor& m) { return (*model)(i, m).last_hidden_state; };
+            auto eager = kiln::compile(fn, {.backend = kiln::Backend::eager});
+            auto compiled = kiln::compile(fn);
+            auto ro = kiln::compile(fn, {.mode = kiln::Mode::reduce_overhead});
+            const double tol = bf16 ? 5e-2 : 1e-3;
+            Tensor y;
+            const Tensor ye = eager(ids, mask).cpu();
+            check_close(name + " fused", fn(ids, mask).cpu(), ye, tol);
+            const Tensor yc = compiled(ids, mask).cpu();
+            check_close(name + " compiled", yc, ye, tol);
+            kiln::nn::save_safetensors(dir / ("kiln_" + name + ".safetensors"), {{"last_hidden_state", yc.to(kiln::DType::f32)}});
+            const auto time = [&](const char* method, const std::function<void()>& f) {
+                if (gpu) b.gpu_row(name, method, 0, f, 20);
+                else b.row(name, method, b.options().max_threads, 0, f, 3);
+            };
+            time("eager", [&] { y = eager(ids, mask); });
+            time("fused", [&] { y = fn(ids, mask); });
+            time("compiled", [&] { y = compiled(ids, mask); });
+            if (gpu) {
+                check_close(name + " reduce_overhead", ro(ids, mask).cpu(), ye, tol);
+                time("reduce_overhead", [&] { y = ro(ids, mask); });
+            }
+        }
+}
+
+/// all-MiniLM-L6-v2 embeddings (mean pooling, L2 normalization) of 32 sentences of up to 64
+/// tokens, from KILN_MINILM_DIR; without it the rows are skipped with a line saying so.
+void bench_minilm(Bench& b) {
+    namespace fs = std::filesystem;
+    if (!b.wanted("minilm_32x64")) return;
+    const char* d = std::getenv("KILN_MINILM_DIR");
+    if (!d || !fs::exists(fs::path(d) / "model.safetensors")) {
+        std::printf("minilm_32x64: SKIPPED: set KILN_MINILM_DIR to all-MiniLM-L6-v2's folder (bash tests/fetch_minilm.sh DEST: DEST/model)\n");
+        return;
+    }
+    const fs::path dir = d;
+    std::vector<std::string> s;
+    const char* base[] = {
+        "A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.", "A man is riding a horse.",
+        "A woman is playing violin.", "Two men pushed carts through the woods.", "A man is riding a white horse on an enclosed ground.",
+        "A monkey is playing drums.",
+        "Someone in a gorilla costume is playing a set of drums while a crowd of onlookers cheers and takes photographs of the performance in the park.",
+        "The new movie is awesome, and everyone who saw it on the opening weekend said that the ending was the best part of the whole story."};
+    for (int i = 0; i < 32; ++i) s.push_back(std::string(base[i % 10]) + (i >= 10 ? " And then sentence number " + std::to_string(i) + " follows." : ""));
+    s[31] = s[30] + " " + s[29] + " " + s[28];  // longer than 64 tokens: truncated
+    const auto tok = kiln::nn::BertTokenizer::from_pretrained(dir);
+    kiln::nn::EncodeOptions o;
+    o.max_length = 64;
+    const kiln::nn::BatchEncoding in = tok(s, o);
+    const fs::path out = bench_data_dir() / "minilm";
+    fs::create_directories(out);
+    kiln::nn::save_safetensors(out / "inputs.safetensors",
+                               {{"input_ids", in.input_ids}, {"attention_mask", in.attention_mask}, {"token_type_ids", in.token_type_ids}});
+    const auto model = std::make_shared<kiln::nn::BertModel>(kiln::nn::BertModel::from_pretrained(dir));
+    const auto fn = [model](const Tensor& i, const Tensor& m, const Tensor& t) {
+        return kiln::nn::l2_normalize(kiln::nn::mean_pooling((*model)(i, m, t).last_hidden_state, m));
+    };
+    auto eager = kiln::compile(fn, {.backend = kiln::Backend::eager});
+    auto compiled = kiln::compile(fn);
+    const Tensor ye = eager(in.input_ids, in.attention_mask, in.token_type_ids);
+    const Tensor yc = compiled(in.input_ids, in.attention_mask, in.token_type_ids);
+    check_close("minilm_32x64 compiled", yc, ye, 1e-4);
+    kiln::nn::save_safetensors(out / "kiln_minilm_32x64.safetensors", {{"embeddings", yc}});
+    Tensor y;
+    const int t = b.options().max_threads;
+    b.row("minilm_32x64", "eager", t, 0, [&] { y = eager(in.input_ids, in.attention_mask, in.token_type_ids); }, 3);
+    b.row("minilm_32x64", "fused", t, 0, [&] { y = fn(in.input_ids, in.attention_mask, in.token_type_ids); }, 3);
+    b.row("minilm_32x64", "compiled", t, 0, [&] { y = compiled(in.input_ids, in.attention_mask, in.token_type_ids); }, 3);
+    const double us = b.median_us("minilm_32x64", "compiled", t);
+    std::printf("  minilm_32x64 compiled, %d threads: %.0f sentences/s (%lld tokens after padding)\n", t, 32e6 / us,
+                static_cast<long long>(in.input_ids.size(1)));
+}
+
+// ---------------------------------------------------------------------------------------------
 // GPU rows (when a CUDA device is present): the same workloads at the issue's GPU sizes, timed
 // with CUDA events; `compiled` runs first for each workload, so its first call is the cold
 // compile (NVRTC, empty disk cache); a child process then measures the warm (disk-cache) start.
@@ -841,9 +972,12 @@ void bench_gpu(Bench& b, const std::string& self) {
     }
     for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"})
         if (want(name)) model_rows(b, name, kiln::Device::cuda(), Bench::gpu, true);
+    bench_bert_base(b, kiln::Device::cuda(), true);
     std::printf("\nGPU summary (%s)\n", props.name.c_str());
     std::vector<const char*> all(std::begin(gpu_workloads), std::end(gpu_workloads));
-    for (const char* m : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"}) all.push_back(m);
+    for (const char* m : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18", "bert_base_b1_f32", "bert_base_b1_bf16",
+                          "bert_base_b8x128_f32", "bert_base_b8x128_bf16"})
+        all.push_back(m);
     for (const char* wl : all) {
         const double e = b.median_us(wl, "eager", Bench::gpu), f = b.median_us(wl, "fused", Bench::gpu),
                      c = b.median_us(wl, "compiled", Bench::gpu), r = b.median_us(wl, "reduce_overhead", Bench::gpu);
@@ -895,6 +1029,7 @@ int main(int argc, char** argv) {
             bench_blackscholes(b);
             bench_sincos_scalar(b);
             bench_models(b);
+            bench_minilm(b);
             b.summary();
         }
         if (opt.gpu) {

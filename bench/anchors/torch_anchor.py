@@ -336,11 +336,86 @@ def make_workload(name, device, tiny):
         weights = sum(p.numel() for p in model.parameters())
         return dict(fn=model, inputs=(x,), bytes=4 * (weights + x.numel() + B * 1000), flops=2 * macs,
                     math=MATH_TF32_CONV, tol=TOL_TF32, flops_formula="2 * MACs of all conv and fc layers, counted from shapes")
+    if name.startswith("bert_base_"):
+        return bert_base_workload(name, dev)
+    if name == "minilm_32x64":
+        return minilm_workload(dev)
     raise ValueError(f"no workload {name}")
 
 
 WORKLOADS = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes",
-             "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18")
+             "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18",
+             "bert_base_b1_f32", "bert_base_b1_bf16", "bert_base_b8x128_f32", "bert_base_b8x128_bf16", "minilm_32x64")
+# the workloads that run on the CPU only (--device cpu) and those that run on the GPU only
+CPU_ONLY = ("minilm_32x64",)
+
+# Whole models: kiln_bench writes their weights (bert_base) and inputs, and its compiled output,
+# to KILN_BENCH_DATA (default /tmp/kiln-bench-data); the anchor loads the same ones into Hugging
+# Face's BertModel and checks its eager output against kiln's before timing (row "kiln_max_err").
+
+
+def _bench_data():
+    return os.environ.get("KILN_BENCH_DATA", "/tmp/kiln-bench-data")
+
+
+def _load_st(path):
+    from safetensors.torch import load_file
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} (run kiln_bench first: it writes the weights, inputs and its output)")
+    return load_file(path)
+
+
+class _LastHidden(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def bert_base_workload(name, dev):
+    from transformers import BertModel
+    bf16 = name.endswith("bf16")
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    shape = "b1" if "_b1_" in name else "b8x128"
+    d = os.path.join(_bench_data(), "bert_base")
+    inputs = _load_st(os.path.join(d, f"inputs_{shape}.safetensors"))
+    kiln_out = _load_st(os.path.join(d, f"kiln_{name}.safetensors"))["last_hidden_state"]
+    model = BertModel.from_pretrained(d, attn_implementation="sdpa", add_pooling_layer=False).to(device=dev, dtype=dtype).eval()
+    ids, mask = inputs["input_ids"].to(dev), inputs["attention_mask"].to(dev)
+    B, S = ids.shape
+    E, Fh, L = 768, 3072, 12
+    flops = L * (2 * B * S * (4 * E * E + 2 * E * Fh) + 4 * B * S * S * E)
+    return dict(fn=_LastHidden(model), inputs=(ids, mask), bytes=0, flops=flops, math=MATH_BF16 if bf16 else MATH_F32,
+                tol=TOL_BF16 if bf16 else TOL_F32_GEMM, kiln_out=kiln_out)
+
+
+class _MiniLM(nn.Module):
+    """sentence-transformers' pipeline after the tokenizer: BertModel, mean pooling, normalize."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask, types):
+        h = self.model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        m = mask.unsqueeze(-1).to(h.dtype)
+        e = (h * m).sum(1) / torch.clamp(m.sum(1), min=1e-9)
+        return F.normalize(e, p=2, dim=1)
+
+
+def minilm_workload(dev):
+    from transformers import BertModel
+    folder = os.environ.get("KILN_MINILM_DIR", "")
+    if not os.path.exists(os.path.join(folder, "model.safetensors")):
+        raise FileNotFoundError("set KILN_MINILM_DIR to all-MiniLM-L6-v2's folder (bash tests/fetch_minilm.sh DEST: DEST/model)")
+    d = os.path.join(_bench_data(), "minilm")
+    inputs = _load_st(os.path.join(d, "inputs.safetensors"))
+    kiln_out = _load_st(os.path.join(d, "kiln_minilm_32x64.safetensors"))["embeddings"]
+    model = BertModel.from_pretrained(folder, attn_implementation="sdpa").to(dev).eval()
+    args = tuple(inputs[k].to(dev) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    return dict(fn=_MiniLM(model), inputs=args, bytes=0, flops=0, math=MATH_F32, tol=TOL_F32_GEMM, kiln_out=kiln_out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -629,6 +704,12 @@ class Anchor:
                 if method == "eager":
                     ref = snapshot(out)
                     row.update(ok=True, max_err=0.0)
+                    if "kiln_out" in w:  # the same model and inputs as kiln_bench: the two sides agree
+                        ok, err, detail = compare(ref, w["kiln_out"].float().to(ref.device), tol)
+                        row["kiln_max_err"] = err
+                        if not ok:
+                            row.update(ok=False, error=f"eager output differs from kiln's: {detail}")
+                            ref = None
                 else:
                     ok, err, detail = compare(snapshot(out), ref, tol)
                     row.update(ok=ok, max_err=err)
@@ -675,6 +756,8 @@ class Anchor:
                 self.bench_gemm(torch.float32, "gemm_f32", MATH_F32)
             for name in WORKLOADS:
                 if a.filter and a.filter not in name:
+                    continue
+                if (name in CPU_ONLY) != (self.device.type == "cpu") and not a.filter:
                     continue
                 self.bench_workload(name)
         self.write()

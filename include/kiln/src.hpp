@@ -10,3 +10,6 @@
 #endif
 #define KILN_BUILDING_LIBRARY 1
 #include "kiln/kiln.hpp"
+// the optional modules users include themselves
+#include "kiln/nn/bert.hpp"
+#include "kiln/nn/tokenizer.hpp"

@@ -253,7 +253,7 @@ inline std::pair<Tensor, Tensor> fold_scale_shift(const Tensor& weight, const Te
 inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, const Tensor& z, const Window& win, Act act,
                            const Shape& ys, const Loc& loc) {
     const bool one_dtype = wl.dtype() == xx.dtype() && (!z.defined() || z.dtype() == xx.dtype());
-    if (!one_dtype || act == Act::gelu_tanh || !cuda::cudnn::available()) return {};
+    if (!one_dtype || act == Act::gelu_tanh || act == Act::gelu || !cuda::cudnn::available()) return {};
     Tensor y(ys, xx.dtype(), xx.device());
     const Tensor xc = channels_last(xx).permute({0, 2, 3, 1}), bc = b.defined() ? b.contiguous() : b;
     const Tensor zc = z.defined() ? z.contiguous() : z;
@@ -286,7 +286,7 @@ inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, 
 inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias, bool has_res, const Loc& loc) {
     auto op = std::make_shared<ir::CallOp>();
     op->key = "conv2d(" + win.str() + (has_bias ? ", bias" : "") + (has_res ? ", residual" : "") +
-              (act == Act::relu ? ", relu" : act == Act::gelu_tanh ? ", gelu_tanh" : "") + ")";
+              (act == Act::relu ? ", relu" : act == Act::gelu_tanh ? ", gelu_tanh" : act == Act::gelu ? ", gelu" : "") + ")";
     op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[1][0]}; };
     op->run = [win, act, has_bias, has_res, loc](const std::vector<Tensor>& in) {
         const Tensor& w = in[1];

@@ -369,7 +369,8 @@ inline const char* py_kind_name(PyValue::Kind k) {
 /// around them. `Parser` supplies `bool value(V&, int depth)`.
 template <class Parser, class V> class TextCursor {
 public:
-    explicit TextCursor(std::string_view s) : s_(s) {}
+    /// `unit` names positions in errors ("header byte 12").
+    explicit TextCursor(std::string_view s, std::string_view unit = "header byte") : s_(s), unit_(unit) {}
 
     /// The document's value, or nothing with `error` saying what is wrong and at which byte.
     std::optional<V> parse_document(std::string& error) {
@@ -380,7 +381,7 @@ public:
             if (pos_ != s_.size()) ok = err("unexpected " + found() + " after " + Parser::document_name);
         }
         if (!ok) {
-            error = error_ + " at header byte " + std::to_string(pos_);
+            error = error_ + " at " + std::string(unit_) + " " + std::to_string(pos_);
             return std::nullopt;
         }
         return v;
@@ -397,6 +398,7 @@ protected:
     }
 
     std::string_view s_;
+    std::string_view unit_;
     std::size_t pos_ = 0;
     std::string error_;
 };
@@ -827,6 +829,21 @@ inline std::string json_quote(std::string_view s) {
         } else out += ch;
     }
     return out + "\"";
+}
+
+/// A whole JSON file (a model's config.json), as JsonParser reads it: ValueError naming the file
+/// and the byte for anything malformed.
+inline JsonValue read_json_file(std::string_view op, const fs::path& path, const Loc& loc) {
+    InFile f(op, path, loc);
+    constexpr std::uint64_t max_bytes = 64u << 20;
+    if (f.size() > max_bytes) f.fail<ValueError>("is " + std::to_string(f.size()) + " bytes, over the 64 MiB kiln reads as JSON");
+    const std::string text = f.read_string(0, f.size(), "the JSON text");
+    JsonParser parser(text, "byte");
+    std::string error;
+    std::optional<JsonValue> doc = parser.parse_document(error);
+    if (!doc) f.fail<ValueError>("invalid JSON: " + error);
+    if (doc->kind != JsonValue::Kind::object) f.fail<ValueError>(std::string("holds ") + json_kind_name(doc->kind) + ", not a JSON object");
+    return std::move(*doc);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ struct Init {
 };
 
 /// The activation a Linear applies to its output.
-enum class Act : std::uint8_t { none, relu, gelu_tanh };
+enum class Act : std::uint8_t { none, relu, gelu_tanh, gelu };  ///< gelu: exact (erf), as BERT's "gelu"
 
 namespace detail {
 
@@ -53,6 +53,7 @@ inline Tensor uniform(const Shape& s, double bound, const Init& o) {
 inline Tensor add_act(const Tensor& y, const Tensor& b, Act act, const Loc& loc) {
     if (act == Act::relu) return Tensor(relu(y + b), loc);
     if (act == Act::gelu_tanh) return Tensor(gelu_tanh(y + b), loc);
+    if (act == Act::gelu) return Tensor(gelu(y + b), loc);
     return Tensor(y + b, loc);
 }
 
@@ -63,6 +64,7 @@ inline Tensor linear_expr(const Tensor& x, const Tensor& w, const Tensor& b, Act
     if (!b.defined()) {
         if (act == Act::relu) return Tensor(relu(y), loc);
         if (act == Act::gelu_tanh) return Tensor(gelu_tanh(y), loc);
+        if (act == Act::gelu) return Tensor(gelu(y), loc);
         return y;
     }
     return add_act(y, b, act, loc);
@@ -83,7 +85,8 @@ inline Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias =
         kiln::detail::fail<ShapeError>("linear", "bias of shape " + bias.shape().str() + " does not match out_features = " +
                                                      std::to_string(weight.size(0)), loc);
     const bool traced = x.is_traced() || weight.is_traced() || (bias.defined() && bias.is_traced());
-    if (!traced && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
+    // cuBLASLt's epilogues have no exact (erf) GELU: that one is a GEMM and one fused kernel
+    if (!traced && act != Act::gelu && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
         (!bias.defined() || bias.dtype() == weight.dtype())) {
         using cuda::Epilogue;
         const Epilogue e = bias.defined() ? (act == Act::relu ? Epilogue::bias_relu : act == Act::gelu_tanh ? Epilogue::bias_gelu_tanh : Epilogue::bias)
