@@ -668,7 +668,7 @@ std::filesystem::path bert_base_dir() {
 kiln::nn::BatchEncoding bert_inputs(const std::filesystem::path& dir, bool seed_sentence) {
     if (seed_sentence) return kiln::nn::BertTokenizer::from_file(dir / "vocab.txt")({"Here is some text to encode"});
     kiln::manual_seed(12);
-    const Tensor ids = Tensor(kiln::floor(kiln::rand({8, 128}) * 30000.0) + 1000.0).to(kiln::DType::i64);
+    const Tensor ids = Tensor(kiln::floor(kiln::rand({8, 128}) * 29000.0) + 1000.0).to(kiln::DType::i64);
     return {ids, kiln::ones({8, 128}, kiln::DType::i64), kiln::zeros({8, 128}, kiln::DType::i64)};
 }
 
@@ -692,7 +692,7 @@ void bench_bert_base(Bench& b, kiln::Device dev, bool gpu) {
             auto eager = kiln::compile(fn, {.backend = kiln::Backend::eager});
             auto compiled = kiln::compile(fn);
             auto ro = kiln::compile(fn, {.mode = kiln::Mode::reduce_overhead});
-            const double tol = bf16 ? 5e-2 : 1e-3;
+            const double tol = bf16 ? 0.125 : 1e-3;  // bf16 through 12 layers: two ulps at 16
             Tensor y;
             const Tensor ye = eager(ids, mask).cpu();
             check_close(name + " fused", fn(ids, mask).cpu(), ye, tol);

@@ -236,7 +236,8 @@ void check_tiny(Device device, DType dtype, double tol) {
     CHECK(maxdiff(out.last_hidden_state.to(DType::f32), expected.at("last_hidden_state")) < tol);
     CHECK(maxdiff(out.pooler_output.to(DType::f32), expected.at("pooler_output")) < tol);
     // compiled, once and again with another batch size (a dynamic dim), agrees with eager
-    auto f = kiln::compile([&](const Tensor& i, const Tensor& a, const Tensor& t) { return m(i, a, t).last_hidden_state; });
+    auto f = kiln::compile([&](const Tensor& i, const Tensor& a, const Tensor& t) { return m(i, a, t).last_hidden_state; },
+                           {.fullgraph = true});  // one graph: the embedding lookups are calls inside it
     CHECK(maxdiff(f(ids, mask, types).to(DType::f32), expected.at("last_hidden_state")) < tol);
     const Tensor i2 = ids.slice(0, 0, 2), a2 = mask.slice(0, 0, 2), t2 = types.slice(0, 0, 2);
     CHECK(maxdiff(f(i2, a2, t2).to(DType::f32), expected.at("last_hidden_state").slice(0, 0, 2)) < tol);
@@ -266,6 +267,31 @@ TEST_CASE("BertModel: without a mask or token types, and without the pooler") {
     const nn::BertModelOutput a = m(ids), b = m(ids, kiln::ones(ids.shape(), DType::i64), zeros_tt);
     CHECK_FALSE(a.pooler_output.defined());
     CHECK(maxdiff(a.last_hidden_state, b.last_hidden_state) < 1e-6);
+}
+
+TEST_CASE("BertModel: query, key and value packed into one GEMM; unpacked after a rebind, same results") {
+    const auto expected = nn::load_safetensors(data_dir / "tiny" / "expected.safetensors");
+    nn::BertModel m = nn::BertModel::from_pretrained(data_dir / "tiny");
+    const Tensor ids = expected.at("input_ids"), mask = expected.at("attention_mask");
+    for (const auto& l : m.layers) CHECK(l.packed());
+    const Tensor packed = m(ids, mask).last_hidden_state;
+    m.visit("", [](const std::string&, Tensor& t) { t = t.clone(); });  // a rebind of every parameter: no longer views
+    CHECK_FALSE(m.layers[0].packed());
+    CHECK(maxdiff(m(ids, mask).last_hidden_state, packed) < 1e-6);
+    m.pack();
+    CHECK(m.layers[1].packed());
+    // a write into a view is a write into the packed weight
+    m.layers[1].key.weight.copy_(Tensor(m.layers[1].key.weight * 0.5));
+    CHECK(m.layers[1].packed());
+    const Tensor halved = m(ids, mask).last_hidden_state;
+    CHECK(maxdiff(halved, packed) > 1e-3);
+    nn::BertModel unpacked = m;
+    for (auto& l : unpacked.layers) l.key.weight = l.key.weight.clone();
+    CHECK_FALSE(unpacked.layers[1].packed());
+    CHECK(maxdiff(unpacked(ids, mask).last_hidden_state, halved) < 1e-6);
+    // nn::state_dict names the three views, not the packed tensors
+    CHECK(nn::state_dict(m).count("encoder.layer.0.attention.self.value.bias") == 1);
+    CHECK(nn::state_dict(m).size() == 5 + 2 * 16 + 2);
 }
 
 TEST_CASE("BertModel::from_pretrained: strict loading with clear errors") {

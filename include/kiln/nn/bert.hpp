@@ -61,9 +61,20 @@ struct BertEncoderLayer {
     Linear intermediate;           ///< intermediate.dense (with hidden_act)
     Linear output_dense;           ///< output.dense
     LayerNorm output_norm;         ///< output.LayerNorm
+    /// query, key and value's weights and biases in one (3 hidden, hidden) and one (3 hidden)
+    /// tensor, whose rows the three Linears' parameters are views of (pack() makes them): one GEMM
+    /// instead of three. Not parameters of their own (state_dict names the three views).
+    Tensor qkv_weight, qkv_bias;
 
     /// h (batch, seq, hidden) -> (batch, seq, hidden); key_mask: bool (batch, 1, 1, seq) or undefined.
     KILN_DECL Tensor operator()(const Tensor& h, const Tensor& key_mask = {}, std::source_location loc = std::source_location::current()) const;
+    /// Puts query, key and value's parameters into qkv_weight / qkv_bias and makes them views of
+    /// those. Writes into the views (copy_, load in place) keep them packed; rebinding one (nn::to,
+    /// nn::load_state) unpacks it, and the layer then runs three GEMMs (the same result) until
+    /// pack() is called again.
+    KILN_DECL void pack();
+    /// Whether the three Linears are still views of qkv_weight / qkv_bias.
+    KILN_DECL bool packed() const;
     template <class F> void visit(const std::string& p, F&& f) {
         query.visit(p + "attention.self.query.", f);
         key.visit(p + "attention.self.key.", f);
@@ -111,6 +122,10 @@ struct BertModel {
     /// padding (any dtype; undefined: no padding); token_type_ids (batch, seq) (undefined: 0).
     KILN_DECL BertModelOutput operator()(const Tensor& input_ids, const Tensor& attention_mask = {}, const Tensor& token_type_ids = {},
                                          std::source_location loc = std::source_location::current()) const;
+
+    /// BertEncoderLayer::pack() for every layer (from_pretrained and the constructor do it; again
+    /// after nn::to or nn::load_state, which unpack).
+    KILN_DECL void pack();
 
     template <class F> void visit(const std::string& p, F&& f) {
         embeddings.visit(p + "embeddings.", f);

@@ -1,12 +1,14 @@
 // BertModel's definitions (compiled once in separate compilation), included by nn/bert.hpp.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "kiln/nn/io.hpp"
+#include "kiln/ops/shape_ops.hpp"
 
 namespace kiln::nn {
 
@@ -130,6 +132,7 @@ KILN_DECL BertModel::BertModel(const BertConfig& c, bool add_pooling_layer, Init
     (void)c.act(loc);
     config = c;
     *this = detail::bert_skeleton(std::move(*this), add_pooling_layer, true, o);
+    pack();
 }
 
 KILN_DECL BertModel BertModel::from_pretrained(const std::filesystem::path& folder, const BertLoadOptions& options, std::source_location loc) {
@@ -171,15 +174,60 @@ KILN_DECL BertModel BertModel::from_pretrained(const std::filesystem::path& fold
         if (dynamic_cast<const ShapeError*>(&e)) detail::file_error<ShapeError>(op, weights, e.what(), loc);
         detail::file_error<ValueError>(op, weights, e.what(), loc);
     }
+    m.pack();
     return m;
+}
+
+KILN_DECL void BertEncoderLayer::pack() {
+    const std::array<Linear*, 3> qkv{&query, &key, &value};
+    for (const Linear* l : qkv)
+        if (!l->weight.defined() || !l->bias.defined() || l->weight.is_traced() || l->weight.dtype() != query.weight.dtype() ||
+            l->bias.dtype() != query.weight.dtype() || l->weight.device() != query.weight.device() || l->bias.device() != query.weight.device())
+            return;  // nothing to pack, or parts that do not go together: three GEMMs
+    qkv_weight = cat({query.weight, key.weight, value.weight}, 0);
+    qkv_bias = cat({query.bias, key.bias, value.bias}, 0);
+    const std::int64_t E = query.weight.size(0);
+    for (std::int64_t k = 0; k < 3; ++k) {
+        qkv[static_cast<std::size_t>(k)]->weight = qkv_weight.slice(0, k * E, (k + 1) * E);
+        qkv[static_cast<std::size_t>(k)]->bias = qkv_bias.slice(0, k * E, (k + 1) * E);
+    }
+}
+
+KILN_DECL bool BertEncoderLayer::packed() const {
+    if (!qkv_weight.defined() || !qkv_bias.defined() || qkv_weight.is_traced() || qkv_bias.is_traced()) return false;
+    const std::int64_t E = qkv_weight.size(0) / 3;
+    const auto rows_of = [&](const Tensor& part, const Tensor& whole, std::int64_t k) {
+        // part is rows [k E, (k + 1) E) of whole, in whole's memory
+        if (!part.defined() || part.is_traced() || part.storage() != whole.storage() || part.dtype() != whole.dtype()) return false;
+        const std::int64_t row = whole.rank() == 2 ? whole.size(1) : 1;
+        return part.offset() == whole.offset() + k * E * row && part.strides() == whole.strides() && part.size(0) == E;
+    };
+    const std::array<const Linear*, 3> qkv{&query, &key, &value};
+    for (std::int64_t k = 0; k < 3; ++k)
+        if (!rows_of(qkv[static_cast<std::size_t>(k)]->weight, qkv_weight, k) || !rows_of(qkv[static_cast<std::size_t>(k)]->bias, qkv_bias, k))
+            return false;
+    return qkv_weight.is_contiguous() && qkv_bias.is_contiguous();
+}
+
+KILN_DECL void BertModel::pack() {
+    for (BertEncoderLayer& l : layers) l.pack();
 }
 
 KILN_DECL Tensor BertEncoderLayer::operator()(const Tensor& h, const Tensor& key_mask, std::source_location loc) const {
     const std::int64_t B = h.size(0), S = h.size(1), H = h.size(2), D = H / num_heads;
-    const auto heads = [&](const Linear& l) { return l(h, loc).view({B, S, num_heads, D}, loc).permute({0, 2, 1, 3}, loc); };
-    const Tensor ctx = scaled_dot_product_attention(heads(query), heads(key), heads(value), key_mask, loc)
-                           .permute({0, 2, 1, 3}, loc)
-                           .reshape({B, S, H}, loc);
+    Tensor q, k, v;
+    if (packed()) {  // one GEMM for the three projections; (B, H, S, D) views of its result
+        const Tensor qkv = linear(h, qkv_weight, qkv_bias, Act::none, loc).view({B, S, 3, num_heads, D}, loc);
+        q = qkv.select(2, 0, loc).permute({0, 2, 1, 3}, loc);
+        k = qkv.select(2, 1, loc).permute({0, 2, 1, 3}, loc);
+        v = qkv.select(2, 2, loc).permute({0, 2, 1, 3}, loc);
+    } else {
+        const auto heads = [&](const Linear& l) { return l(h, loc).view({B, S, num_heads, D}, loc).permute({0, 2, 1, 3}, loc); };
+        q = heads(query);
+        k = heads(key);
+        v = heads(value);
+    }
+    const Tensor ctx = scaled_dot_product_attention(q, k, v, key_mask, loc).permute({0, 2, 1, 3}, loc).reshape({B, S, H}, loc);
     const Tensor a = attention_norm(attention_dense(ctx, loc) + h, loc);
     return output_norm(output_dense(intermediate(a, loc), loc) + a, loc);
 }

@@ -156,45 +156,28 @@ struct Dropout {
     template <class F> void visit(const std::string&, F&&) {}
 };
 
-/// Rows of `weight` (num, dim) picked by integer `ids` of any shape: the result has shape
-/// ids.shape + (dim). Every id must lie in [0, num) (IndexError otherwise; checked on the host,
-/// which waits for the device when ids are on a GPU). Under kiln::compile it breaks the graph.
-inline Tensor embedding(const Tensor& weight, const Tensor& ids_in, Loc loc = Loc::current()) {
-    if (weight.rank() != 2)
-        kiln::detail::fail<ShapeError>("embedding", "weight must be 2-D (num_embeddings, dim), got " + weight.shape().str(), loc);
-    if (ids_in.dtype() != DType::i32 && ids_in.dtype() != DType::i64)
-        kiln::detail::fail<DTypeError>("embedding", "ids must be int32 or int64, got " + std::string(dtype_name(ids_in.dtype())), loc);
-    if (ids_in.device() != weight.device() && !ids_in.is_traced() && !weight.is_traced())
+namespace detail {
+
+/// The lookup on concrete tensors (weight and ids on one device): ids checked against the table
+/// (ValueError; on a GPU one min/max read back, which a CUDA graph being captured skips: the calls
+/// before a capture checked theirs, as gather's), then one row copy per id.
+inline Tensor embedding_now(const Tensor& weight, const Tensor& ids_in, const Loc& loc) {
+    if (ids_in.device() != weight.device())
         kiln::detail::fail<DeviceError>("embedding", "ids are on " + ids_in.device().str() + " but the weight is on " +
                                                          weight.device().str(), loc);
-    trace::Tracer* tr = trace::Tracer::active();
-    if (ids_in.is_traced() || weight.is_traced()) {
-        // a gather is not an elementwise op: run it between two graph segments
-        const Tensor ids_c = ids_in.is_traced() ? trace::materialize(ids_in, loc) : ids_in;
-        const Tensor w_c = weight.is_traced() ? trace::materialize(weight, loc) : weight;
-        trace::Tracer* active = trace::Tracer::active();
-        trace::Tracer::active() = nullptr;  // the gather itself runs eagerly
-        Tensor out;
-        try {
-            out = embedding(w_c, ids_c, loc);
-        } catch (...) {
-            trace::Tracer::active() = active;
-            throw;
-        }
-        trace::Tracer::active() = active;
-        return tr->input(out);
-    }
     const Tensor ids = ids_in.to(DType::i64, loc).contiguous();
     const std::int64_t num = weight.size(0), dim = weight.size(1);
     Shape out_shape = ids.shape();
     out_shape.push_back(dim);
     Tensor out(out_shape, weight.dtype(), weight.device(), loc);
     if (ids.numel() == 0) return out;
-    const Tensor lo = min(ids), hi = max(ids);
-    const std::int64_t lo_v = lo.item<std::int64_t>(), hi_v = hi.item<std::int64_t>();
-    if (lo_v < 0 || hi_v >= num)
-        kiln::detail::fail<ValueError>("embedding", "id " + std::to_string(lo_v < 0 ? lo_v : hi_v) +
-                                                        " is out of range for an embedding of " + std::to_string(num) + " rows", loc);
+    const bool capturing = ids.device().is_cuda() && cuda::capturing(cuda::current_stream(ids.device().index));
+    if (!capturing) {
+        const std::int64_t lo_v = min(ids).item<std::int64_t>(), hi_v = max(ids).item<std::int64_t>();
+        if (lo_v < 0 || hi_v >= num)
+            kiln::detail::fail<ValueError>("embedding", "id " + std::to_string(lo_v < 0 ? lo_v : hi_v) +
+                                                            " is out of range for an embedding of " + std::to_string(num) + " rows", loc);
+    }
     const Tensor w = weight.contiguous();
     if (w.device().is_cuda()) {
         cuda::detail::gather_rows(w, ids, out);
@@ -207,6 +190,28 @@ inline Tensor embedding(const Tensor& weight, const Tensor& ids_in, Loc loc = Lo
     for (std::int64_t i = 0; i < ids.numel(); ++i)
         std::memcpy(dst + static_cast<std::size_t>(i) * row_bytes, src + static_cast<std::size_t>(id[i]) * row_bytes, row_bytes);
     return out;
+}
+
+}  // namespace detail
+
+/// Rows of `weight` (num, dim) picked by integer `ids` of any shape: the result has shape
+/// ids.shape + (dim). Every id must lie in [0, num) (ValueError otherwise; checked on the host,
+/// which waits for the device when ids are on a GPU; replays of a captured CUDA graph do not
+/// check). Under kiln::compile it is a library call inside the graph (no graph break).
+inline Tensor embedding(const Tensor& weight, const Tensor& ids, Loc loc = Loc::current()) {
+    if (weight.rank() != 2)
+        kiln::detail::fail<ShapeError>("embedding", "weight must be 2-D (num_embeddings, dim), got " + weight.shape().str(), loc);
+    if (ids.dtype() != DType::i32 && ids.dtype() != DType::i64)
+        kiln::detail::fail<DTypeError>("embedding", "ids must be int32 or int64, got " + std::string(dtype_name(ids.dtype())), loc);
+    auto call = std::make_shared<ir::CallOp>();
+    call->key = "embedding";
+    call->shape = [](const std::vector<Shape>& s) {
+        Shape o = s[1];
+        o.push_back(s[0][1]);
+        return o;
+    };
+    call->run = [loc](const std::vector<Tensor>& in) { return detail::embedding_now(in[0], in[1], loc); };
+    return trace::call_op(std::move(call), {weight, ids}, weight.dtype(), loc);
 }
 
 /// A lookup table of num_embeddings rows of embedding_dim (torch.nn.Embedding, init N(0, 1)).
