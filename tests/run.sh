@@ -70,7 +70,7 @@ if [ "$QUICK" != 1 ]; then
   mapfile -t GEN < <(kiln_generator_args "$B")
   cmake -S . -B "$B" "${GEN[@]}" \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1" \
-    -DKILN_SANITIZE=address,undefined \
+    -DKILN_SANITIZE=address,undefined -DKILN_MINILM_DIR="$ROOT/build/test/minilm" \
     -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=OFF -DKILN_BUILD_BENCH=OFF
   # The CUDA tests are left out here: without a GPU they check host-side logic and NVRTC output,
   # which stage 1 covers; their device paths run on a GPU machine (tests/gpu.sh).
