@@ -48,22 +48,7 @@ bool append_mapped(const unicode::Mapping (&table)[N], char32_t c, std::u32strin
     return true;
 }
 
-inline void append_utf8(std::string& out, char32_t c) {
-    if (c < 0x80) out += static_cast<char>(c);
-    else if (c < 0x800) {
-        out += static_cast<char>(0xC0 | (c >> 6));
-        out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-        out += static_cast<char>(0xE0 | (c >> 12));
-        out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (c >> 18));
-        out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (c & 0x3F));
-    }
-}
+using nn::detail::append_utf8;
 
 /// The code points of UTF-8 text; ValueError naming the first invalid byte.
 inline std::u32string decode_utf8(std::string_view s, std::string_view op, const std::source_location& loc) {
