@@ -9,6 +9,7 @@
 // Every row is checked against eager before it is timed. Later issues add rows through
 // `Bench::row`; keep one lambda per (workload, method).
 #include <kiln/kiln.hpp>
+#include <kiln/nn.hpp>
 #include <kiln/interop/eigen.hpp>
 #include <kiln/nn/bert.hpp>
 #include <kiln/nn/tokenizer.hpp>

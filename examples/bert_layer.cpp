@@ -3,6 +3,8 @@
 //   example_bert_layer [--cuda] [--full]     (--full: batch 8, seq 128, hidden 768, 12 heads, FFN 3072)
 #include "example_util.hpp"
 
+#include <kiln/nn.hpp>
+
 #include <filesystem>
 
 int main(int argc, char** argv) {

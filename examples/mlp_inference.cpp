@@ -2,6 +2,8 @@
 //   example_mlp_inference [--cuda] [--full]     (--full: batch 64, 1024 -> 4096 -> 1024)
 #include "example_util.hpp"
 
+#include <kiln/nn.hpp>
+
 int main(int argc, char** argv) {
     const kiln::Device dev = example::device_from(argc, argv);
     const bool full = example::flag(argc, argv, "--full");

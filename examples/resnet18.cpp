@@ -3,6 +3,8 @@
 //   example_resnet18 [--cuda] [--full]     (--full: batch 16, 3x224x224; default batch 2, 3x64x64)
 #include "example_util.hpp"
 
+#include <kiln/nn.hpp>
+
 int main(int argc, char** argv) {
     const kiln::Device dev = example::device_from(argc, argv);
     const bool full = example::flag(argc, argv, "--full");

@@ -22,7 +22,7 @@ set(KILN_LAYERS
   "ops and front doors: ops/ interop/"
   "compile: compile/ compile.hpp"
   "nn: nn/"
-  "umbrella: kiln.hpp src.hpp"
+  "umbrella: kiln.hpp nn.hpp src.hpp"
 )
 
 # layer index of a path relative to include/kiln/ (the longest matching entry), or -1

@@ -6,6 +6,7 @@
 
 #include <kiln/nn/bert.hpp>
 #include <kiln/nn/tokenizer.hpp>
+#include <kiln/nn/io.hpp>  // the JSON parser, for the fixtures
 
 #include <cstdlib>
 #include <filesystem>

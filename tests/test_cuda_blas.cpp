@@ -22,6 +22,7 @@ using kiln::Device;
 using kiln::DType;
 using kiln::Shape;
 using kiln::Tensor;
+using kiln::Act;
 using kiln::cuda::Epilogue;
 namespace kc = kiln::cuda;
 namespace kcd = kiln::cuda::detail;
@@ -45,7 +46,7 @@ double rel_err(const Tensor& out, const Tensor& ref) {
 Tensor ref_matmul(const Tensor& a, const Tensor& b) { return kiln::matmul(a.to(DType::f64), b.to(DType::f64)); }
 
 /// kiln::cuda::matmul_out into a NaN-poisoned output of `shape`, returned on the host.
-Tensor gpu_matmul(const Tensor& a, const Tensor& b, const Shape& shape, DType dt, Epilogue epi = Epilogue::none,
+Tensor gpu_matmul(const Tensor& a, const Tensor& b, const Shape& shape, DType dt, Epilogue epi = Epilogue{},
                   const Tensor* bias = nullptr) {
     Tensor out(shape, dt, a.device());
     out.fill_(std::numeric_limits<double>::quiet_NaN());
@@ -84,13 +85,15 @@ TEST_CASE("cuda_blas: kiln::cuda::matmul on CPU tensors throws DeviceError namin
 }
 
 TEST_CASE("cuda_blas: epilogues and the tf32 switch") {
-    CHECK(kc::epilogue_name(Epilogue::bias_gelu_tanh) == "bias_gelu_tanh");
-    CHECK(kc::epilogue_has_bias(Epilogue::bias));
-    CHECK(kc::epilogue_has_bias(Epilogue::bias_relu));
-    CHECK(kc::epilogue_has_bias(Epilogue::bias_gelu_tanh));
-    CHECK_FALSE(kc::epilogue_has_bias(Epilogue::none));
-    CHECK_FALSE(kc::epilogue_has_bias(Epilogue::relu));
-    CHECK_FALSE(kc::epilogue_has_bias(Epilogue::gelu_tanh));
+    CHECK(kc::epilogue_name(Epilogue{Act::gelu_tanh, true}) == "bias_gelu_tanh");
+    CHECK(kc::epilogue_name(Epilogue{Act::none, true}) == "bias");
+    CHECK(kc::epilogue_name(Epilogue{}) == "none");
+    CHECK(kc::epilogue_has_bias(Epilogue{Act::none, true}));
+    CHECK(kc::epilogue_has_bias(Epilogue{Act::relu, true}));
+    CHECK(kc::epilogue_has_bias(Epilogue{Act::gelu_tanh, true}));
+    CHECK_FALSE(kc::epilogue_has_bias(Epilogue{}));
+    CHECK_FALSE(kc::epilogue_has_bias(Epilogue{Act::relu}));
+    CHECK_FALSE(kc::epilogue_has_bias(Epilogue{Act::gelu_tanh}));
     CHECK_FALSE(kc::allow_tf32());  // the default, like torch
     {
         Tf32Scope on(true);
@@ -204,7 +207,7 @@ TEST_CASE("cuda_blas: the problem description") {
     const Tensor a = kiln::randn({33, 17}), b = kiln::randn({65, 17}).t();
     const Tensor c({1, 33, 65}, DType::f32);
     const kcd::GemmProblem p = kcd::make_gemm_problem(kcd::gemm_view(a, Shape{33, 17}, 1, 33, 17),
-                                                      kcd::gemm_view(b, Shape{17, 65}, 1, 17, 65), c, Epilogue::bias, true);
+                                                      kcd::gemm_view(b, Shape{17, 65}, 1, 17, 65), c, Epilogue{Act::none, true}, true);
     CHECK(p.dtype == DType::f32);
     CHECK(p.m == 33);
     CHECK(p.n == 65);
@@ -217,7 +220,7 @@ TEST_CASE("cuda_blas: the problem description") {
     CHECK_FALSE(p.c.transposed);
     CHECK(p.c.ld == 65);
     CHECK(p.tf32);
-    CHECK(p.epilogue == Epilogue::bias);
+    CHECK(p.epilogue == Epilogue{Act::none, true});
     const std::string d = kcd::describe(p);
     CHECK(d.find("33x17") != std::string::npos);
     CHECK(d.find("17x65") != std::string::npos);
@@ -228,7 +231,7 @@ TEST_CASE("cuda_blas: the problem description") {
     const Tensor ah = a.to(DType::bf16), bh = b.to(DType::bf16);
     const Tensor ch({1, 33, 65}, DType::bf16);
     const auto q = kcd::make_gemm_problem(kcd::gemm_view(ah, Shape{33, 17}, 1, 33, 17),
-                                          kcd::gemm_view(bh, Shape{17, 65}, 1, 17, 65), ch, Epilogue::none, true);
+                                          kcd::gemm_view(bh, Shape{17, 65}, 1, 17, 65), ch, Epilogue{}, true);
     CHECK_FALSE(q.tf32);
     CHECK(q.dtype == DType::bf16);
 
@@ -383,23 +386,23 @@ TEST_CASE("cuda_blas: epilogues match the CPU composition (f32 rel err < 1e-4)" 
     const Tensor mm = kiln::matmul(a64, b64);
     const Tensor mmb = mm + bias64;
     const Tensor da = cuda(a), db = cuda(b), dbias = cuda(bias);
-    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue::bias, &dbias), mmb) < 1e-4);
-    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue::relu), Tensor(kiln::relu(mm))) < 1e-4);
-    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue::bias_relu, &dbias), Tensor(kiln::relu(mmb))) < 1e-4);
-    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue::gelu_tanh), Tensor(kiln::gelu_tanh(mm))) < 1e-4);
-    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue::bias_gelu_tanh, &dbias),
+    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue{Act::none, true}, &dbias), mmb) < 1e-4);
+    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue{Act::relu}), Tensor(kiln::relu(mm))) < 1e-4);
+    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue{Act::relu, true}, &dbias), Tensor(kiln::relu(mmb))) < 1e-4);
+    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue{Act::gelu_tanh}), Tensor(kiln::gelu_tanh(mm))) < 1e-4);
+    CHECK(rel_err(gpu_matmul(da, db, {33, 65}, DType::f32, Epilogue{Act::gelu_tanh, true}, &dbias),
                   Tensor(kiln::gelu_tanh(mmb))) < 1e-4);
     // batched, with the bias broadcast over the batch, and a transposed operand
     const Tensor x = kiln::randn({3, 4, 17});
     const Tensor ref = kiln::relu(kiln::matmul(x.to(DType::f64), b64) + bias64);
-    CHECK(rel_err(gpu_matmul(cuda(x), db, {3, 4, 65}, DType::f32, Epilogue::bias_relu, &dbias), ref) < 1e-4);
+    CHECK(rel_err(gpu_matmul(cuda(x), db, {3, 4, 65}, DType::f32, Epilogue{Act::relu, true}, &dbias), ref) < 1e-4);
     const Tensor bt = kiln::randn({65, 17});
-    CHECK(rel_err(gpu_matmul(da, cuda(bt).t(), {33, 65}, DType::f32, Epilogue::bias_gelu_tanh, &dbias),
+    CHECK(rel_err(gpu_matmul(da, cuda(bt).t(), {33, 65}, DType::f32, Epilogue{Act::gelu_tanh, true}, &dbias),
                   Tensor(kiln::gelu_tanh(kiln::matmul(a64, bt.t().to(DType::f64)) + bias64))) < 1e-4);
     // bf16 with a bf16 bias
     const Tensor ah = a.to(DType::bf16), bh = b.to(DType::bf16), biash = bias.to(DType::bf16);
     const Tensor dbiash = cuda(biash);
-    CHECK(rel_err(gpu_matmul(cuda(ah), cuda(bh), {33, 65}, DType::bf16, Epilogue::bias_relu, &dbiash),
+    CHECK(rel_err(gpu_matmul(cuda(ah), cuda(bh), {33, 65}, DType::bf16, Epilogue{Act::relu, true}, &dbiash),
                   Tensor(kiln::relu(ref_matmul(ah, bh) + biash.to(DType::f64)))) < 2e-2);
 }
 
@@ -411,7 +414,7 @@ TEST_CASE("cuda_blas: empty products and k == 0" * doctest::skip(kiln_test::no_c
     CHECK(rel_err(z, kiln::zeros({3, 4})) == 0);
     const Tensor bias = kiln::randn({4});
     const Tensor dbias = cuda(bias);
-    const Tensor r = gpu_matmul(cuda(a), cuda(b), {3, 4}, DType::f32, Epilogue::bias_relu, &dbias);
+    const Tensor r = gpu_matmul(cuda(a), cuda(b), {3, 4}, DType::f32, Epilogue{Act::relu, true}, &dbias);
     CHECK(rel_err(r, Tensor(kiln::relu(kiln::zeros({3, 4}) + bias))) < 1e-6);
 }
 
@@ -431,7 +434,7 @@ TEST_CASE("cuda_blas: layouts that need a copy and dtype conversions (device ker
     CHECK(rel_err(gpu_matmul(cuda(h), cuda(b), {33, 65}, DType::f32), ref_matmul(h, b)) < 1e-5);
     const Tensor ah = kiln::randn({33, 17}).to(DType::bf16), bh = b.to(DType::bf16), bias = kiln::randn({65});
     const Tensor dbias = cuda(bias);
-    CHECK(rel_err(gpu_matmul(cuda(ah), cuda(bh), {33, 65}, DType::bf16, Epilogue::bias, &dbias),
+    CHECK(rel_err(gpu_matmul(cuda(ah), cuda(bh), {33, 65}, DType::bf16, Epilogue{Act::none, true}, &dbias),
                   Tensor(ref_matmul(ah, bh) + bias.to(DType::f64))) < 2e-2);
 }
 
@@ -457,12 +460,13 @@ TEST_CASE("cuda_blas: errors on the device" * doctest::skip(kiln_test::no_cuda()
     CHECK_THROWS_AS((void)kc::matmul(cuda(kiln::ones({3, 4}, DType::i32)), cuda(kiln::ones({4, 5}, DType::i32))),
                     kiln::DTypeError);
     const Tensor bias_short = cuda(kiln::randn({4})), bias_cpu = kiln::randn({5}), bias_i = cuda(kiln::ones({5}, DType::i64));
-    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue::bias, &bias_short), kiln::ShapeError);
-    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue::bias, &bias_cpu), kiln::DeviceError);
-    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue::bias, &bias_i), kiln::DTypeError);
-    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue::bias), kiln::ValueError);
+    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue{Act::none, true}, &bias_short), kiln::ShapeError);
+    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue{Act::none, true}, &bias_cpu), kiln::DeviceError);
+    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue{Act::none, true}, &bias_i), kiln::DTypeError);
+    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue{Act::none, true}), kiln::ValueError);
     const Tensor bias_ok = cuda(kiln::randn({5}));
-    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue::relu, &bias_ok), kiln::ValueError);
+    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue{Act::relu}, &bias_ok), kiln::ValueError);
+    CHECK_THROWS_AS((void)kc::matmul(a, b, Epilogue{Act::gelu}), kiln::ValueError);  // cuBLASLt's GELU is the tanh form
     Tensor wrong({3, 4}, DType::f32, Device::cuda());
     CHECK_THROWS_AS(kc::matmul_out(wrong, a, b), kiln::ShapeError);
     Tensor alias = a;  // out overlapping an operand

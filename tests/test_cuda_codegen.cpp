@@ -6,9 +6,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <unistd.h>
 #include <kiln/kiln.hpp>
 #include <kiln/passes/pipeline.hpp>  // the passes, run directly
+#include <kiln/backends/cuda/library_kernels.hpp>
 #include <string>
 #include <vector>
 
@@ -279,6 +281,19 @@ TEST_CASE("gather / scatter / scatter_add kernels compile for every mode, dtype,
         }
     CHECK(src.size() == 150);
     CHECK(compile_all(src, {90}) == src.size());
+}
+
+TEST_CASE("every variant of the library kernel registry (im2col, max_pool, gather_rows) compiles") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    std::set<std::string> names;
+    for (const cuda::detail::KernelText& k : cuda::detail::library_kernel_sources()) {
+        src.push_back({k.source, k.name, {}});
+        names.insert(k.name);
+    }
+    CHECK(src.size() == 20);
+    CHECK(names.size() == src.size());  // each variant its own kernel name (the cache keys on the text, logs on the name)
+    CHECK(compile_all(src) == src.size());
 }
 
 #else

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <kiln/kiln.hpp>
+#include <kiln/nn.hpp>
 #include <kiln/backends/cuda/graphs.hpp>  // cuda::GraphStats
 #include <string>
 #include <thread>

@@ -7,6 +7,7 @@
 #include <functional>
 #include <unistd.h>
 #include <kiln/kiln.hpp>
+#include <kiln/nn.hpp>
 #include <string>
 #include <vector>
 
@@ -109,11 +110,16 @@ std::vector<double> ref_mha(const Tensor& x, const nn::MultiheadAttention& m, co
 TEST_CASE("nn::Linear and nn::linear: bias, activations, layouts, errors") {
     manual_seed(11);
     const Tensor x = randn({3, 5, 16});
-    for (nn::Act act : {nn::Act::none, nn::Act::relu, nn::Act::gelu_tanh}) {
+    for (const ActInfo& row : act_table) {  // every activation of the table
+        const nn::Act act = row.act;
         for (bool bias : {true, false}) {
             const nn::Linear lin(16, 24, bias, act);
             std::vector<double> ref = ref_linear(values(x), 15, 16, lin.weight, lin.bias);
-            for (double& v : ref) v = act == nn::Act::relu ? std::max(v, 0.0) : act == nn::Act::gelu_tanh ? ref_gelu_tanh(v) : v;
+            for (double& v : ref)
+                v = act == nn::Act::relu        ? std::max(v, 0.0)
+                    : act == nn::Act::gelu_tanh ? ref_gelu_tanh(v)
+                    : act == nn::Act::gelu      ? 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)))
+                                                : v;
             CHECK(max_rel(lin(x), from(ref, {3, 5, 24})) < 1e-6);
             auto f = compile([&](const Tensor& t) { return lin(t); });
             CHECK(max_rel(f(x), from(ref, {3, 5, 24})) < 1e-6);
@@ -126,6 +132,21 @@ TEST_CASE("nn::Linear and nn::linear: bias, activations, layouts, errors") {
     CHECK(m.find("test_nn.cpp") != std::string::npos);
     CHECK_THROWS_AS(nn::linear(x, randn({24}), {}), ShapeError);
     CHECK_THROWS_AS(nn::linear(x, randn({24, 16}), randn({23})), ShapeError);
+}
+
+TEST_CASE("the activation table: names, op ids, epilogue sets") {
+    for (const ActInfo& row : act_table) {
+        CHECK(act_info(row.act).name == row.name);
+        if (row.op >= 0) {  // an op-table op: same name, and the op maps back to the activation
+            CHECK(ops::op_name(static_cast<ops::OpId>(row.op)) == row.name);
+            CHECK(act_of_op(static_cast<ops::OpId>(row.op)) == row.act);
+        }
+    }
+    CHECK(act_of_op(ops::op_id<ops::Exp>) == std::nullopt);
+    CHECK(act_info(Act::relu).gemm_epilogue);
+    CHECK_FALSE(act_info(Act::gelu).gemm_epilogue);  // cuBLASLt's GELU is the tanh form
+    CHECK_FALSE(act_info(Act::gelu_tanh).conv_epilogue);
+    CHECK(act_name(Act::gelu_tanh) == "gelu_tanh");
 }
 
 TEST_CASE("nn::MultiheadAttention matches a float64 reference, with and without masks") {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/nn.hpp>
 
 #include "test_util.hpp"
 #include <kiln/nn/io.hpp>

@@ -1,5 +1,6 @@
 // A translation unit with a BERT encoder layer compiled and run (bench/compile_time.sh times its build).
 #include <kiln/kiln.hpp>
+#include <kiln/nn.hpp>
 
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-// The one header users include; it only includes.
+// The one header users include; it only includes. Layers and model files are <kiln/nn.hpp>.
 #pragma once
 
 #include "kiln/backends/cuda/allocator.hpp"
@@ -15,9 +15,6 @@
 #include "kiln/core/tensor.hpp"
 #include "kiln/ops/evaluate.hpp"
 #include "kiln/interop/eigen.hpp"
-#include "kiln/nn/io.hpp"
-#include "kiln/nn/conv.hpp"
-#include "kiln/nn/layers.hpp"
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/copy.hpp"
 #include "kiln/ops/elementwise.hpp"

@@ -10,6 +10,7 @@
 #endif
 #define KILN_BUILDING_LIBRARY 1
 #include "kiln/kiln.hpp"
+#include "kiln/nn.hpp"
 // the optional modules users include themselves
 #include "kiln/nn/bert.hpp"
 #include "kiln/nn/tokenizer.hpp"

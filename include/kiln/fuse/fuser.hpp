@@ -2,10 +2,12 @@
 #pragma once
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kiln/ir/graph.hpp"
+#include "kiln/tables/activations.hpp"
 
 namespace kiln::fuse {
 
@@ -488,10 +490,13 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     return p;
 }
 
-/// Whether node `act` is an activation a GEMM library applies as an epilogue (relu, gelu_tanh).
+/// Whether node `act` is an activation a GEMM library applies as an epilogue (the activation
+/// table's gemm_epilogue rows: relu, gelu_tanh).
 inline bool is_epilogue_activation(const ir::Graph& g, int act) {
     const ir::Node& n = g[act];
-    return n.kind == ir::Kind::elementwise && (n.op == ops::op_id<ops::Relu> || n.op == ops::op_id<ops::GeluTanh>);
+    if (n.kind != ir::Kind::elementwise) return false;
+    const std::optional<Act> a = act_of_op(n.op);
+    return a && act_info(*a).gemm_epilogue;
 }
 
 /// For backends whose GEMM applies epilogues (cuBLASLt): an elementwise group that is exactly

@@ -19,6 +19,7 @@
 #include "kiln/core/thread_pool.hpp"
 #include "kiln/backends/cuda/cudnn.hpp"
 #include "kiln/backends/cuda/graph_exec.hpp"
+#include "kiln/backends/cuda/library_kernels.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/trace/tracer.hpp"
 
@@ -76,41 +77,19 @@ void im2col_cpu(const Tensor& x, const Window& win, std::int64_t OH, std::int64_
     });
 }
 
+/// Whether a kernel over the 4-D x writing n elements needs 64-bit index math (32-bit divisions
+/// are much cheaper): an element count or an offset into x reaches 2^31.
+inline bool needs_i64(const Tensor& x, std::int64_t n) {
+    std::int64_t span = 1;
+    for (int d = 0; d < 4; ++d) span += (x.size(d) - 1) * x.stride(d);
+    return n >= (std::int64_t{1} << 31) || span >= (std::int64_t{1} << 31);
+}
+
 inline void im2col_cuda(const Tensor& x, const Window& win, std::int64_t OH, std::int64_t OW, std::uint64_t pad_bits, Tensor& cols) {
     const int device = x.device().index;
     const std::size_t es = x.element_size();
-    const char* word = es == 1 ? "unsigned char" : es == 2 ? "unsigned short" : es == 4 ? "unsigned int" : "unsigned long long";
-    cuda::detail::KernelText k;
-    // 32-bit index math (much cheaper divisions) unless an index needs 64 bits
-    const std::int64_t span = (x.size(0) - 1) * x.stride(0) + (x.size(1) - 1) * x.stride(1) + (x.size(2) - 1) * x.stride(2) +
-                              (x.size(3) - 1) * x.stride(3) + 1;
-    const bool i64 = cols.numel() >= (std::int64_t{1} << 31) || span >= (std::int64_t{1} << 31);
-    const char* I = i64 ? "long long" : "int";
-    k.name = "kiln_im2col_lanes_" + std::to_string(es) + (i64 ? "_i64" : "_i32");
-    // columns in (kh, kw, c) order. L threads per segment (a row and one window position; L the
-    // power of two nearest C, at most 32): the index math runs once per segment, and the lanes copy
-    // its C channels, which are contiguous in channels-last input and always in the output.
-    k.source = std::string("typedef ") + I + " I;\nextern \"C\" __global__ void " + k.name + "(const " + word +
-               "* __restrict__ x, " + word +
-               "* __restrict__ cols, long long segs_, long long C_, long long H_, long long W_, long long sN_, long long sC_, "
-               "long long sH_, long long sW_, long long OH_, long long OW_, long long KH_, long long KW_, long long SH_, long long SW_, "
-               "long long PH_, long long PW_, long long DH_, long long DW_, unsigned long long pad, long long L_) {\n"
-               "  const I segs = (I)segs_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sC = (I)sC_, sH = (I)sH_, sW = (I)sW_;\n"
-               "  const I OH = (I)OH_, OW = (I)OW_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_, DH = (I)DH_, DW = (I)DW_;\n"
-               "  const I KK = (I)KH_ * KW;\n"
-               "  const I L = (I)L_, lane = threadIdx.x & (L - 1), groups = (I)gridDim.x * (blockDim.x / L);\n"
-               "  for (I seg = (I)blockIdx.x * (blockDim.x / L) + threadIdx.x / L; seg < segs; seg += groups) {\n"
-               "    const I r = seg / KK, kk = seg - r * KK, ki = kk / KW, kj = kk - ki * KW;\n"
-               "    const I n = r / (OH * OW), rem = r - n * (OH * OW), oh = rem / OW, ow = rem - oh * OW;\n"
-               "    const I h = oh * SH - PH + ki * DH, w = ow * SW - PW + kj * DW;\n"
-               "    " + word + "* out = cols + seg * C;\n"
-               "    if (h < 0 || h >= H || w < 0 || w >= W) {\n"
-               "      for (I c = lane; c < C; c += L) out[c] = (" + word + ")pad;\n"
-               "    } else {\n"
-               "      const " + word + "* src = x + n * sN + h * sH + w * sW;\n"
-               "      for (I c = lane; c < C; c += L) out[c] = src[c * sC];\n"
-               "    }\n"
-               "  }\n}\n";
+    const bool i64 = needs_i64(x, cols.numel());
+    const cuda::detail::KernelText k = cuda::detail::im2col_kernel(es, i64);
     const cuda::CUfunction f = cuda::detail::kernel_function(k, device);
     const std::int64_t segs = cols.size(0) * win.kh * win.kw;
     cuda::detail::Args a;
@@ -127,56 +106,13 @@ inline void im2col_cuda(const Tensor& x, const Window& win, std::int64_t OH, std
     cuda::detail::launch(f, grid, 256, 0, cuda::current_stream(device), a.finish());
 }
 
-/// The C type of a dtype the direct max-pool kernel takes, or null (f16/bf16/bool take im2col).
-inline const char* pool_ctype(DType d) {
-    switch (d) {
-        case DType::f32: return "float";
-        case DType::f64: return "double";
-        case DType::i32: return "int";
-        case DType::i64: return "long long";
-        default: return nullptr;
-    }
-}
-
 /// max_pool2d of x (N, H, W, C; any strides) into y (N, OH, OW, C; contiguous) with one thread per
 /// output element: channels fastest, so a warp reads 32 neighbouring channels of each window
 /// position. NaN wins (as in torch); padding never does (the window holds at least one input).
 inline void max_pool_cuda(const Tensor& x, const Window& win, Tensor& y) {
     const int device = x.device().index;
-    const char* T = pool_ctype(x.dtype());
-    const std::int64_t span = (x.size(0) - 1) * x.stride(0) + (x.size(1) - 1) * x.stride(1) + (x.size(2) - 1) * x.stride(2) +
-                              (x.size(3) - 1) * x.stride(3) + 1;
-    const bool i64 = y.numel() >= (std::int64_t{1} << 31) || span >= (std::int64_t{1} << 31);
-    const char* I = i64 ? "long long" : "int";
-    const std::string lowest = x.dtype() == DType::f32   ? "__int_as_float(0xff800000)"
-                               : x.dtype() == DType::f64 ? "__longlong_as_double(0xfff0000000000000LL)"
-                               : x.dtype() == DType::i32 ? "(-2147483647 - 1)"
-                                                         : "(-9223372036854775807LL - 1)";
-    cuda::detail::KernelText k;
-    k.name = "kiln_max_pool_" + std::string(dtype_name(x.dtype())) + (i64 ? "_i64" : "_i32");
-    k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
-               "(const T* __restrict__ x, T* __restrict__ y, long long total_, long long C_, long long H_, long long W_, "
-               "long long sN_, long long sH_, long long sW_, long long sC_, long long OH_, long long OW_, long long KH_, long long KW_, "
-               "long long SH_, long long SW_, long long PH_, long long PW_, long long DH_, long long DW_) {\n"
-               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n"
-               "  const I OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_;\n"
-               "  const I DH = (I)DH_, DW = (I)DW_;\n"
-               "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
-               "    const I c = i % C, r = i / C, ow = r % OW, r2 = r / OW, oh = r2 % OH, n = r2 / OH;\n"
-               "    const T* base = x + n * sN + c * sC;\n"
-               "    T m = " + lowest + ";\n"
-               "    for (I a = 0; a < KH; ++a) {\n"
-               "      const I h = oh * SH - PH + a * DH;\n"
-               "      if (h < 0 || h >= H) continue;\n"
-               "      for (I b = 0; b < KW; ++b) {\n"
-               "        const I w = ow * SW - PW + b * DW;\n"
-               "        if (w < 0 || w >= W) continue;\n"
-               "        const T v = base[h * sH + w * sW];\n"
-               "        if (v > m || v != v) m = v;\n"
-               "      }\n"
-               "    }\n"
-               "    y[i] = m;\n"
-               "  }\n}\n";
+    const bool i64 = needs_i64(x, y.numel());
+    const cuda::detail::KernelText k = cuda::detail::max_pool_kernel(x.dtype(), i64);
     const cuda::CUfunction f = cuda::detail::kernel_function(k, device);
     cuda::detail::Args a;
     a.add_ptr(x.data_ptr());
@@ -253,7 +189,7 @@ inline std::pair<Tensor, Tensor> fold_scale_shift(const Tensor& weight, const Te
 inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, const Tensor& z, const Window& win, Act act,
                            const Shape& ys, const Loc& loc) {
     const bool one_dtype = wl.dtype() == xx.dtype() && (!z.defined() || z.dtype() == xx.dtype());
-    if (!one_dtype || act == Act::gelu_tanh || act == Act::gelu || !cuda::cudnn::available()) return {};
+    if (!one_dtype || !act_info(act).conv_epilogue || !cuda::cudnn::available()) return {};
     Tensor y(ys, xx.dtype(), xx.device());
     const Tensor xc = channels_last(xx).permute({0, 2, 3, 1}), bc = b.defined() ? b.contiguous() : b;
     const Tensor zc = z.defined() ? z.contiguous() : z;
@@ -274,11 +210,10 @@ inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, 
     }
     // the convolution alone on cuDNN, then bias, residual and act as one kiln kernel
     if (!cuda::cudnn::conv2d_forward(xc, wl, nullptr, nullptr, false, cp, y)) return {};
-    const auto epi = [&](const auto& e) { return act == Act::relu ? Tensor(relu(e), loc) : Tensor(e, loc); };
-    if (b.defined() && z.defined()) return epi(y + b + z);
-    if (b.defined()) return epi(y + b);
-    if (z.defined()) return epi(y + z);
-    return act == Act::relu ? Tensor(relu(y), loc) : y;
+    if (b.defined() && z.defined()) return apply_act(act, y + b + z, loc);
+    if (b.defined()) return apply_act(act, y + b, loc);
+    if (z.defined()) return apply_act(act, y + z, loc);
+    return apply_act(act, y, loc);
 }
 
 /// The library op of conv2d_nhwc (operands {x, weight, bias?, residual?}), with the hooks through
@@ -286,7 +221,7 @@ inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, 
 inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias, bool has_res, const Loc& loc) {
     auto op = std::make_shared<ir::CallOp>();
     op->key = "conv2d(" + win.str() + (has_bias ? ", bias" : "") + (has_res ? ", residual" : "") +
-              (act == Act::relu ? ", relu" : act == Act::gelu_tanh ? ", gelu_tanh" : act == Act::gelu ? ", gelu" : "") + ")";
+              (act == Act::none ? "" : ", " + std::string(act_name(act))) + ")";
     op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[1][0]}; };
     op->run = [win, act, has_bias, has_res, loc](const std::vector<Tensor>& in) {
         const Tensor& w = in[1];
@@ -353,7 +288,7 @@ inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
     op->run = [win, loc](const std::vector<Tensor>& in) {
         const Tensor xx = in[0].permute({0, 3, 1, 2});
         const std::int64_t N = xx.size(0), C = xx.size(1), OH = win.out_h(xx.size(2)), OW = win.out_w(xx.size(3));
-        if (xx.device().is_cuda() && pool_ctype(xx.dtype())) {
+        if (xx.device().is_cuda() && cuda::detail::pool_ctype(xx.dtype())) {
             Tensor y(Shape{N, OH, OW, C}, xx.dtype(), xx.device());
             if (y.numel() > 0) max_pool_cuda(in[0], win, y);
             return y;

@@ -39,8 +39,8 @@ struct Init {
     Device device = Device::cpu();
 };
 
-/// The activation a Linear applies to its output.
-enum class Act : std::uint8_t { none, relu, gelu_tanh, gelu };  ///< gelu: exact (erf), as BERT's "gelu"
+/// The activation a Linear applies to its output (the activation table, tables/activations.hpp).
+using kiln::Act;
 
 namespace detail {
 
@@ -50,24 +50,13 @@ inline Tensor uniform(const Shape& s, double bound, const Init& o) {
 }
 
 /// act(y + b) (b broadcast against y) as one expression statement.
-inline Tensor add_act(const Tensor& y, const Tensor& b, Act act, const Loc& loc) {
-    if (act == Act::relu) return Tensor(relu(y + b), loc);
-    if (act == Act::gelu_tanh) return Tensor(gelu_tanh(y + b), loc);
-    if (act == Act::gelu) return Tensor(gelu(y + b), loc);
-    return Tensor(y + b, loc);
-}
+inline Tensor add_act(const Tensor& y, const Tensor& b, Act act, const Loc& loc) { return apply_act(act, y + b, loc); }
 
 /// act(x @ w^T + b) as an expression statement (the CPU, and every traced call: the fuser hands
 /// bias and activation to cuBLASLt where it can).
 inline Tensor linear_expr(const Tensor& x, const Tensor& w, const Tensor& b, Act act, const Loc& loc) {
     const Tensor y = kiln::matmul(x, w.t(), loc);
-    if (!b.defined()) {
-        if (act == Act::relu) return Tensor(relu(y), loc);
-        if (act == Act::gelu_tanh) return Tensor(gelu_tanh(y), loc);
-        if (act == Act::gelu) return Tensor(gelu(y), loc);
-        return y;
-    }
-    return add_act(y, b, act, loc);
+    return b.defined() ? add_act(y, b, act, loc) : apply_act(act, y, loc);
 }
 
 }  // namespace detail
@@ -85,14 +74,10 @@ inline Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias =
         kiln::detail::fail<ShapeError>("linear", "bias of shape " + bias.shape().str() + " does not match out_features = " +
                                                      std::to_string(weight.size(0)), loc);
     const bool traced = x.is_traced() || weight.is_traced() || (bias.defined() && bias.is_traced());
-    // cuBLASLt's epilogues have no exact (erf) GELU: that one is a GEMM and one fused kernel
-    if (!traced && act != Act::gelu && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
-        (!bias.defined() || bias.dtype() == weight.dtype())) {
-        using cuda::Epilogue;
-        const Epilogue e = bias.defined() ? (act == Act::relu ? Epilogue::bias_relu : act == Act::gelu_tanh ? Epilogue::bias_gelu_tanh : Epilogue::bias)
-                                          : (act == Act::relu ? Epilogue::relu : act == Act::gelu_tanh ? Epilogue::gelu_tanh : Epilogue::none);
-        return cuda::matmul(x, weight.t(), e, bias.defined() ? &bias : nullptr, loc);
-    }
+    // an activation without a cuBLASLt epilogue (exact gelu) is a GEMM and one fused kernel
+    if (!traced && act_info(act).gemm_epilogue && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
+        (!bias.defined() || bias.dtype() == weight.dtype()))
+        return cuda::matmul(x, weight.t(), cuda::Epilogue{act, bias.defined()}, bias.defined() ? &bias : nullptr, loc);
     return detail::linear_expr(x, weight, bias, act, loc);
 }
 

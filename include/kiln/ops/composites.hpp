@@ -6,6 +6,7 @@
 
 #include "kiln/core/factories.hpp"
 #include "kiln/ops/elementwise.hpp"
+#include "kiln/tables/activations.hpp"
 
 namespace kiln {
 
@@ -15,6 +16,18 @@ template <Operand X> auto square(const X& x) { return x * x; }
 /// GELU, exact form: x/2 * (1 + erf(x / sqrt 2)).
 template <Operand X> auto gelu(const X& x) {
     return x * 0.5 * (1.0 + erf(x * (1.0 / std::numbers::sqrt2)));
+}
+
+/// act(x) as one expression statement: each row of the activation table bound to its formula.
+template <Operand X> Tensor apply_act(Act act, const X& x, std::source_location loc = std::source_location::current()) {
+    switch (act) {
+        case Act::none: break;
+        case Act::relu: return Tensor(relu(x), loc);
+        case Act::gelu_tanh: return Tensor(gelu_tanh(x), loc);
+        case Act::gelu: return Tensor(gelu(x), loc);
+    }
+    if constexpr (std::is_same_v<X, Tensor>) return x;
+    else return Tensor(x, loc);
 }
 
 /// x * sigmoid(x).

@@ -32,7 +32,7 @@ KILN_DECL Tensor matmul(const Tensor& a_in, const Tensor& b_in, std::source_loca
         if (b_in.rank() > 1) out.push_back(n);
         return trace::record_matmul(a_in, b_in, out, dt, loc);
     }
-    if (a_in.device().is_cuda() || b_in.device().is_cuda()) return cuda::matmul(a_in, b_in, cuda::Epilogue::none, nullptr, loc);
+    if (a_in.device().is_cuda() || b_in.device().is_cuda()) return cuda::matmul(a_in, b_in, cuda::Epilogue{}, nullptr, loc);
     return detail::cpu_matmul(a_in, b_in);
 }
 

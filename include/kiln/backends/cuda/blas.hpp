@@ -16,6 +16,7 @@
 #include "kiln/backends/cuda/driver.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/tables/activations.hpp"
 
 #if defined(KILN_WITH_CUDA) && KILN_WITH_CUDA
 #include <cublasLt.h>
@@ -26,30 +27,25 @@
 
 namespace kiln::cuda {
 
-/// What cuBLASLt applies to the product before it is stored: C = act(A @ B + bias).
-/// The GELU epilogues are cuBLASLt's tanh approximation, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))),
-/// i.e. kiln::gelu_tanh; kiln::gelu is the exact erf form and has no cuBLASLt epilogue (a fused
-/// kernel applies it instead). The bias is a vector over the n output columns, broadcast over rows
-/// and batches.
-enum class Epilogue : std::uint8_t { none, relu, gelu_tanh, bias, bias_relu, bias_gelu_tanh };
+/// What cuBLASLt applies to the product before it is stored: C = act(A @ B + bias). The
+/// activations it has are the activation table's `gemm_epilogue` rows (tables/activations.hpp):
+/// its GELU is the tanh approximation, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), i.e.
+/// kiln::gelu_tanh; the exact (erf) gelu has none (a fused kernel applies it instead). The bias is
+/// a vector over the n output columns, broadcast over rows and batches.
+struct Epilogue {
+    Act act = Act::none;
+    bool bias = false;
+    auto operator<=>(const Epilogue&) const = default;
+};
 
-/// The epilogue's name, for messages and logs ("bias_relu").
-constexpr std::string_view epilogue_name(Epilogue e) {
-    switch (e) {
-        case Epilogue::none: return "none";
-        case Epilogue::relu: return "relu";
-        case Epilogue::gelu_tanh: return "gelu_tanh";
-        case Epilogue::bias: return "bias";
-        case Epilogue::bias_relu: return "bias_relu";
-        case Epilogue::bias_gelu_tanh: return "bias_gelu_tanh";
-    }
-    return "?";
+/// The epilogue's name, for messages and logs ("bias_relu", "gelu_tanh", "none").
+inline std::string epilogue_name(Epilogue e) {
+    if (!e.bias) return std::string(act_name(e.act));
+    return e.act == Act::none ? "bias" : "bias_" + std::string(act_name(e.act));
 }
 
 /// Whether the epilogue reads a bias vector.
-constexpr bool epilogue_has_bias(Epilogue e) {
-    return e == Epilogue::bias || e == Epilogue::bias_relu || e == Epilogue::bias_gelu_tanh;
-}
+constexpr bool epilogue_has_bias(Epilogue e) { return e.bias; }
 
 namespace detail {
 inline std::atomic<bool>& allow_tf32_flag() {
@@ -85,7 +81,7 @@ struct GemmProblem {
     DType dtype = DType::f32;
     std::int64_t m = 0, n = 0, k = 0, batch = 1;
     GemmOperand a, b, c;
-    Epilogue epilogue = Epilogue::none;
+    Epilogue epilogue{};
     bool tf32 = false;
     auto operator<=>(const GemmProblem&) const = default;
 };
@@ -124,7 +120,7 @@ inline std::string describe(const GemmProblem& p) {
     std::string s = std::string(dtype_name(p.dtype)) + (p.tf32 ? " (tf32)" : "") + " ";
     if (batched) s += "[batch " + std::to_string(p.batch) + "] ";
     s += mat(p.m, p.k, p.a, batched) + " @ " + mat(p.k, p.n, p.b, batched) + " -> " + mat(p.m, p.n, p.c, batched);
-    return s + ", epilogue " + std::string(epilogue_name(p.epilogue));
+    return s + ", epilogue " + epilogue_name(p.epilogue);
 }
 
 /// Checks a problem before it reaches cuBLASLt: a supported dtype (DTypeError), positive sizes,
@@ -188,16 +184,15 @@ inline cublasComputeType_t blas_compute_type(const GemmProblem& p) {
     return CUBLAS_COMPUTE_32F;
 }
 
+/// cuBLASLt's constant for an epilogue whose activation has a `gemm_epilogue` row.
 inline cublasLtEpilogue_t blas_epilogue(Epilogue e) {
-    switch (e) {
-        case Epilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
-        case Epilogue::relu: return CUBLASLT_EPILOGUE_RELU;
-        case Epilogue::gelu_tanh: return CUBLASLT_EPILOGUE_GELU;
-        case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
-        case Epilogue::bias_relu: return CUBLASLT_EPILOGUE_RELU_BIAS;
-        case Epilogue::bias_gelu_tanh: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    switch (e.act) {
+        case Act::none: return e.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        case Act::relu: return e.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+        case Act::gelu_tanh: return e.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+        case Act::gelu: break;
     }
-    return CUBLASLT_EPILOGUE_DEFAULT;
+    throw InternalError("kiln: cuBLASLt has no epilogue " + epilogue_name(e) + " (the activation table says which it has)");
 }
 
 /// What a problem compiles to: the matrix layouts and the heuristic's algorithm. Built once per
@@ -331,7 +326,7 @@ inline void gemm(const GemmProblem& p, const void* a, const void* b, void* c, co
     check_gemm_problem(p);
 #if KILN_CUDA_BLAS_ENABLED
     if (epilogue_has_bias(p.epilogue) && bias == nullptr)
-        throw InternalError("kiln::cuda::gemm: epilogue " + std::string(epilogue_name(p.epilogue)) +
+        throw InternalError("kiln::cuda::gemm: epilogue " + epilogue_name(p.epilogue) +
                             " needs a bias pointer (" + describe(p) + ")");
     use_device(device, "cuda::gemm");
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));

@@ -23,6 +23,7 @@
 
 #include "kiln/backends/cuda/blas.hpp"
 #include "kiln/backends/cuda/driver.hpp"
+#include "kiln/core/factories.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/debug/logs.hpp"
 

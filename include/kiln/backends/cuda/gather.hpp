@@ -1,10 +1,11 @@
-// Row gathers on CUDA (embedding lookups): one generated kernel per element size.
+// Row gathers on CUDA (embedding lookups): the registry's gather_rows_kernel, one per element size.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "kiln/backends/cuda/graph_exec.hpp"
+#include "kiln/backends/cuda/library_kernels.hpp"
 #include "kiln/core/tensor.hpp"
 
 namespace kiln::cuda::detail {
@@ -14,16 +15,7 @@ namespace kiln::cuda::detail {
 inline void gather_rows(const Tensor& table, const Tensor& ids, Tensor& out) {
     const int device = table.device().index;
     const std::size_t es = table.element_size();
-    const char* word = es == 1 ? "unsigned char" : es == 2 ? "unsigned short" : es == 4 ? "unsigned int" : "unsigned long long";
-    KernelText k;
-    k.name = "kiln_gather_rows_" + std::to_string(es);
-    k.source = std::string("extern \"C\" __global__ void ") + k.name + "(const " + word + "* __restrict__ table, " +
-               "const long long* __restrict__ ids, " + word + "* __restrict__ out, long long n, long long width) {\n"
-               "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n * width;\n"
-               "       i += (long long)gridDim.x * blockDim.x) {\n"
-               "    const long long r = i / width, c = i - r * width;\n"
-               "    out[i] = table[ids[r] * width + c];\n"
-               "  }\n}\n";
+    const KernelText k = gather_rows_kernel(es);
     const CUfunction f = kernel_function(k, device);
     const std::int64_t n = ids.numel(), width = table.size(1);
     Args a;

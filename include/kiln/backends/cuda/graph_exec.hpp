@@ -617,9 +617,7 @@ private:
     /// the output's memory when the caller supplied it.
     static void run_matmul_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
         const ir::Node& mm = g[G.nodes[0]];
-        const bool gelu = G.act >= 0 && g[G.act].op == ops::op_id<ops::GeluTanh>;
-        const Epilogue epi = G.bias >= 0 ? (G.act < 0 ? Epilogue::bias : gelu ? Epilogue::bias_gelu_tanh : Epilogue::bias_relu)
-                                         : (G.act < 0 ? Epilogue::none : gelu ? Epilogue::gelu_tanh : Epilogue::relu);
+        const Epilogue epi{G.act >= 0 ? act_of_op(g[G.act].op).value() : Act::none, G.bias >= 0};
         Tensor bias;
         if (G.bias >= 0) {
             const Tensor& b = vals[static_cast<std::size_t>(G.bias)];

@@ -119,11 +119,14 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
 
     // the bias: one value per output column, on the device, in the result dtype (f32 is converted)
     Tensor bias_t;
+    if (!act_info(epi.act).gemm_epilogue)
+        fail<ValueError>("matmul", "cuBLASLt has no " + std::string(act_name(epi.act)) +
+                                       " epilogue (it has relu and gelu_tanh; apply gelu to the product instead)", loc);
     if (epilogue_has_bias(epi) && !bias)
-        fail<ValueError>("matmul", "epilogue " + std::string(epilogue_name(epi)) + " needs a bias tensor", loc);
+        fail<ValueError>("matmul", "epilogue " + epilogue_name(epi) + " needs a bias tensor", loc);
     if (bias && !epilogue_has_bias(epi))
-        fail<ValueError>("matmul", "a bias was given but epilogue " + std::string(epilogue_name(epi)) +
-                                       " adds none (use bias, bias_relu or bias_gelu_tanh)", loc);
+        fail<ValueError>("matmul", "a bias was given but epilogue " + epilogue_name(epi) +
+                                       " adds none (use an epilogue with .bias = true)", loc);
     if (bias) {
         if (bias->device() != dev)
             fail<DeviceError>("matmul", "the bias is on " + bias->device().str() + " but the operands are on " + dev.str(), loc);
@@ -211,14 +214,14 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
 /// one CUDA device; `epi` is applied by cuBLASLt, with `bias` (1-D, one value per output column, the
 /// result's dtype or float32) for the bias epilogues. Transposed operands (`.t()` views) are read in
 /// place; other layouts are copied with .contiguous() first. Queued on current_stream(device).
-inline Tensor matmul(const Tensor& a, const Tensor& b, Epilogue epi = Epilogue::none, const Tensor* bias = nullptr,
+inline Tensor matmul(const Tensor& a, const Tensor& b, Epilogue epi = {}, const Tensor* bias = nullptr,
                      std::source_location loc = std::source_location::current()) {
     return detail::run_matmul(a, b, epi, bias, nullptr, loc);
 }
 
 /// matmul into `out` (on the operands' device, contiguous, the result's shape and dtype, not
 /// overlapping an operand): for callers that plan their memory. Returns out.
-inline Tensor& matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Epilogue epi = Epilogue::none,
+inline Tensor& matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Epilogue epi = {},
                           const Tensor* bias = nullptr, std::source_location loc = std::source_location::current()) {
     if (!out.defined()) kiln::detail::fail<ValueError>("matmul", "out is an undefined tensor", loc);
     detail::run_matmul(a, b, epi, bias, &out, loc);

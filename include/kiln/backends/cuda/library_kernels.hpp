@@ -1,0 +1,135 @@
+// The registry of kiln's hand-written CUDA kernels: the library kernels that are not generated from
+// the op table by codegen.hpp (elementwise, row, reduce) or index_ops.hpp (gather, scatter,
+// scatter_add, index_select). Each is a function from its parameters to the kernel's text; the
+// callers (nn/conv.hpp, gather.hpp) only launch. library_kernel_sources() lists every variant, so
+// the NVRTC compile test (tests/test_cuda_codegen.cpp) builds each without a GPU.
+//   im2col_kernel       conv2d's patch matrix (channels-last input), any element size
+//   max_pool_kernel     max_pool2d, one thread per output, NaN wins, padding never does
+//   gather_rows_kernel  embedding lookups: rows of a table by int64 id
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "kiln/backends/cuda/codegen.hpp"
+#include "kiln/core/dtype.hpp"
+
+namespace kiln::cuda::detail {
+
+/// The unsigned C type of a raw element of this size (kernels that copy elements without reading them).
+inline const char* raw_word(std::size_t element_size) {
+    return element_size == 1 ? "unsigned char" : element_size == 2 ? "unsigned short" : element_size == 4 ? "unsigned int" : "unsigned long long";
+}
+
+/// im2col of a (N, C, H, W) input with any strides into (N*OH*OW, KH*KW*C) columns of raw
+/// elements of `element_size` bytes; padding writes the `pad` bits. i64: 64-bit index math.
+inline KernelText im2col_kernel(std::size_t element_size, bool i64) {
+    const char* word = raw_word(element_size);
+    const char* I = i64 ? "long long" : "int";
+    KernelText k;
+    k.name = "kiln_im2col_lanes_" + std::to_string(element_size) + (i64 ? "_i64" : "_i32");
+    // columns in (kh, kw, c) order. L threads per segment (a row and one window position; L the
+    // power of two nearest C, at most 32): the index math runs once per segment, and the lanes copy
+    // its C channels, which are contiguous in channels-last input and always in the output.
+    k.source = std::string("typedef ") + I + " I;\nextern \"C\" __global__ void " + k.name + "(const " + word +
+               "* __restrict__ x, " + word +
+               "* __restrict__ cols, long long segs_, long long C_, long long H_, long long W_, long long sN_, long long sC_, "
+               "long long sH_, long long sW_, long long OH_, long long OW_, long long KH_, long long KW_, long long SH_, long long SW_, "
+               "long long PH_, long long PW_, long long DH_, long long DW_, unsigned long long pad, long long L_) {\n"
+               "  const I segs = (I)segs_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sC = (I)sC_, sH = (I)sH_, sW = (I)sW_;\n"
+               "  const I OH = (I)OH_, OW = (I)OW_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_, DH = (I)DH_, DW = (I)DW_;\n"
+               "  const I KK = (I)KH_ * KW;\n"
+               "  const I L = (I)L_, lane = threadIdx.x & (L - 1), groups = (I)gridDim.x * (blockDim.x / L);\n"
+               "  for (I seg = (I)blockIdx.x * (blockDim.x / L) + threadIdx.x / L; seg < segs; seg += groups) {\n"
+               "    const I r = seg / KK, kk = seg - r * KK, ki = kk / KW, kj = kk - ki * KW;\n"
+               "    const I n = r / (OH * OW), rem = r - n * (OH * OW), oh = rem / OW, ow = rem - oh * OW;\n"
+               "    const I h = oh * SH - PH + ki * DH, w = ow * SW - PW + kj * DW;\n"
+               "    " + word + "* out = cols + seg * C;\n"
+               "    if (h < 0 || h >= H || w < 0 || w >= W) {\n"
+               "      for (I c = lane; c < C; c += L) out[c] = (" + word + ")pad;\n"
+               "    } else {\n"
+               "      const " + word + "* src = x + n * sN + h * sH + w * sW;\n"
+               "      for (I c = lane; c < C; c += L) out[c] = src[c * sC];\n"
+               "    }\n"
+               "  }\n}\n";
+    return k;
+}
+
+/// The C type of a dtype the direct max-pool kernel takes, or null (f16/bf16/bool take im2col).
+inline const char* pool_ctype(DType d) {
+    switch (d) {
+        case DType::f32: return "float";
+        case DType::f64: return "double";
+        case DType::i32: return "int";
+        case DType::i64: return "long long";
+        default: return nullptr;
+    }
+}
+
+/// max_pool2d of x (N, H, W, C; any strides) into y (N, OH, OW, C; contiguous), one thread per
+/// output element, channels fastest. dtype: one pool_ctype takes. i64: 64-bit index math.
+inline KernelText max_pool_kernel(DType dtype, bool i64) {
+    const char* T = pool_ctype(dtype);
+    const char* I = i64 ? "long long" : "int";
+    const std::string lowest = dtype == DType::f32   ? "__int_as_float(0xff800000)"
+                               : dtype == DType::f64 ? "__longlong_as_double(0xfff0000000000000LL)"
+                               : dtype == DType::i32 ? "(-2147483647 - 1)"
+                                                         : "(-9223372036854775807LL - 1)";
+    KernelText k;
+    k.name = "kiln_max_pool_" + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
+    k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
+               "(const T* __restrict__ x, T* __restrict__ y, long long total_, long long C_, long long H_, long long W_, "
+               "long long sN_, long long sH_, long long sW_, long long sC_, long long OH_, long long OW_, long long KH_, long long KW_, "
+               "long long SH_, long long SW_, long long PH_, long long PW_, long long DH_, long long DW_) {\n"
+               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n"
+               "  const I OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_;\n"
+               "  const I DH = (I)DH_, DW = (I)DW_;\n"
+               "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
+               "    const I c = i % C, r = i / C, ow = r % OW, r2 = r / OW, oh = r2 % OH, n = r2 / OH;\n"
+               "    const T* base = x + n * sN + c * sC;\n"
+               "    T m = " + lowest + ";\n"
+               "    for (I a = 0; a < KH; ++a) {\n"
+               "      const I h = oh * SH - PH + a * DH;\n"
+               "      if (h < 0 || h >= H) continue;\n"
+               "      for (I b = 0; b < KW; ++b) {\n"
+               "        const I w = ow * SW - PW + b * DW;\n"
+               "        if (w < 0 || w >= W) continue;\n"
+               "        const T v = base[h * sH + w * sW];\n"
+               "        if (v > m || v != v) m = v;\n"
+               "      }\n"
+               "    }\n"
+               "    y[i] = m;\n"
+               "  }\n}\n";
+    return k;
+}
+
+/// out[i, :] = table[ids[i], :] for a contiguous (rows, width) table of raw elements of
+/// `element_size` bytes and contiguous int64 ids (checked by the caller).
+inline KernelText gather_rows_kernel(std::size_t element_size) {
+    const char* word = raw_word(element_size);
+    KernelText k;
+    k.name = "kiln_gather_rows_" + std::to_string(element_size);
+    k.source = std::string("extern \"C\" __global__ void ") + k.name + "(const " + word + "* __restrict__ table, " +
+               "const long long* __restrict__ ids, " + word + "* __restrict__ out, long long n, long long width) {\n"
+               "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n * width;\n"
+               "       i += (long long)gridDim.x * blockDim.x) {\n"
+               "    const long long r = i / width, c = i - r * width;\n"
+               "    out[i] = table[ids[r] * width + c];\n"
+               "  }\n}\n";
+    return k;
+}
+
+/// Every variant of every registered kernel (for the NVRTC compile test).
+inline std::vector<KernelText> library_kernel_sources() {
+    std::vector<KernelText> out;
+    for (std::size_t es : {1, 2, 4, 8}) {
+        for (bool i64 : {false, true}) out.push_back(im2col_kernel(es, i64));
+        out.push_back(gather_rows_kernel(es));
+    }
+    for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64})
+        for (bool i64 : {false, true}) out.push_back(max_pool_kernel(d, i64));
+    return out;
+}
+
+}  // namespace kiln::cuda::detail
