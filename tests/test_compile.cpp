@@ -361,6 +361,13 @@ TEST_CASE("dynamic shapes through views: permutes, splits and slices of other di
     CHECK_THROWS_WITH_AS((void)add(kiln::randn({5, 3}), kiln::randn({6, 3})), doctest::Contains("add of operands"), kiln::ShapeError);
     CHECK(add.compiles() == 1);
     CHECK(maxdiff(add(kiln::ones({6, 3}), kiln::ones({6, 3})), kiln::full({6, 3}, 2.0)) == 0);  // nothing left broken
+    // the same for a matrix product whose inner dims stop matching (ir::matmul_shapes, the rule eager uses too)
+    auto mm = kiln::compile([](const Tensor& a, const Tensor& b) { return kiln::matmul(a, b); }, {.dynamic = kiln::Dynamic::on});
+    const Tensor a = kiln::randn({4, 3}), b = kiln::randn({3, 5});
+    CHECK(maxdiff(mm(a, b), kiln::matmul(a, b)) < 1e-5);
+    CHECK_THROWS_AS((void)mm(kiln::randn({4, 6}), kiln::randn({7, 5})), kiln::ShapeError);
+    const Tensor a2 = kiln::randn({2, 6}), b2 = kiln::randn({6, 9});
+    CHECK(maxdiff(mm(a2, b2), kiln::matmul(a2, b2)) < 1e-5);  // and a size that fits still runs
 }
 
 TEST_CASE("the recompile limit: fall back to eager with one warning, or throw") {

@@ -264,6 +264,34 @@ TEST_CASE("each pass does its rewrite and keeps the values") {
     }
 }
 
+TEST_CASE("shape inference: torch.matmul's shapes and reductions' shapes, one rule for every caller") {
+    using kiln::ir::matmul_shapes;
+    const auto r = matmul_shapes(Shape{2, 1, 4, 3}, Shape{5, 3, 7});
+    REQUIRE(r.ok());
+    CHECK(r.batch == Shape{2, 5});
+    CHECK((r.m == 4 && r.k == 3 && r.n == 7));
+    CHECK(r.result == Shape{2, 5, 4, 7});
+    CHECK(matmul_shapes(Shape{3}, Shape{3}).result == Shape{});             // dot
+    CHECK(matmul_shapes(Shape{3}, Shape{2, 3, 5}).result == Shape{2, 5});   // vector @ batch
+    CHECK(matmul_shapes(Shape{2, 4, 3}, Shape{3}).result == Shape{2, 4});   // batch @ vector
+    CHECK(matmul_shapes(Shape{}, Shape{3}).error.find("at least 1 dim") != std::string::npos);
+    CHECK(matmul_shapes(Shape{4, 3}, Shape{2, 5}).error.find("cannot be multiplied (3 != 2)") != std::string::npos);
+    CHECK(matmul_shapes(Shape{2, 4, 3}, Shape{3, 3, 5}).error.find("batch dims (2,) and (3,) do not broadcast") != std::string::npos);
+    // eager raises the rule's message, naming the op and the user's line
+    std::string m;
+    try {
+        (void)kiln::matmul(kiln::ones({4, 3}), kiln::ones({2, 5}));
+    } catch (const kiln::ShapeError& e) {
+        m = e.what();
+    }
+    CHECK(m.find("matmul") != std::string::npos);
+    CHECK(m.find("cannot be multiplied (3 != 2)") != std::string::npos);
+    CHECK(m.find("test_ir.cpp") != std::string::npos);
+    CHECK(kiln::ir::reduced_shape(Shape{2, 3, 4}, 0b101, false) == Shape{3});
+    CHECK(kiln::ir::reduced_shape(Shape{2, 3, 4}, 0b101, true) == Shape{1, 3, 1});
+    CHECK(kiln::ir::reduced_shape(Shape{2, 3, 4}, 0, false) == Shape{2, 3, 4});
+}
+
 TEST_CASE("TensorGuard: passes for the same tensor, fails on dtype, rank, size, layout; symbolic dims follow sizes >= 2") {
     using kiln::cache::TensorGuard;
     const Tensor t = kiln::randn({8, 16});

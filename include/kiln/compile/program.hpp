@@ -13,6 +13,7 @@
 #include "kiln/backends/cpu/graph_exec.hpp"
 #include "kiln/backends/cuda/graph_exec.hpp"
 #include "kiln/backends/cuda/graphs.hpp"
+#include "kiln/ir/shapes.hpp"
 #include "kiln/cache/guards.hpp"
 #include "kiln/compile/options.hpp"
 #include "kiln/debug/logs.hpp"
@@ -177,7 +178,7 @@ inline bool rederive_view(ir::Node& v, const Shape& from, const Shape& to) {
 
 /// Shapes of every node for inputs of these shapes (dynamic programs re-derive them on each
 /// call). Returns -1, or the first node whose shape cannot be derived: operands that do not
-/// broadcast, or a view that cannot follow a changed dim (rederive_view).
+/// broadcast, matrices that do not multiply, or a view that cannot follow a changed dim (rederive_view).
 inline int infer_shapes(ir::Graph& g, const std::vector<Shape>& inputs) {
     std::vector<Shape> recorded(static_cast<std::size_t>(g.size()));
     for (int i = 0; i < g.size(); ++i) recorded[static_cast<std::size_t>(i)] = g[i].shape;
@@ -194,26 +195,13 @@ inline int infer_shapes(ir::Graph& g, const std::vector<Shape>& inputs) {
                 n.shape = s;
                 break;
             }
-            case ir::Kind::reduce: case ir::Kind::arg_reduce: {
-                const Shape& x = g[n.in[0]].shape;
-                Shape s;
-                for (int d = 0; d < x.rank(); ++d) {
-                    if (!(n.mask & (1u << d))) s.push_back(x[d]);
-                    else if (n.keepdim) s.push_back(1);
-                }
-                n.shape = s;
+            case ir::Kind::reduce: case ir::Kind::arg_reduce:
+                n.shape = ir::reduced_shape(g[n.in[0]].shape, n.mask, n.keepdim);
                 break;
-            }
             case ir::Kind::matmul: {
-                const Shape& a = g[n.in[0]].shape;
-                const Shape& b = g[n.in[1]].shape;
-                Shape ba, bb, batch;
-                for (int d = 0; d < a.rank() - 2; ++d) ba.push_back(a[d]);
-                for (int d = 0; d < b.rank() - 2; ++d) bb.push_back(b[d]);
-                kiln::detail::try_broadcast(ba, bb, batch);
-                if (a.rank() > 1) batch.push_back(a[a.rank() - 2]);
-                if (b.rank() > 1) batch.push_back(b[b.rank() - 1]);
-                n.shape = batch;
+                ir::MatmulShapes sh = ir::matmul_shapes(g[n.in[0]].shape, g[n.in[1]].shape);
+                if (!sh.ok()) return i;
+                n.shape = std::move(sh.result);
                 break;
             }
             case ir::Kind::view:
@@ -261,6 +249,8 @@ inline void infer_shapes(ir::Graph& g, const std::vector<Tensor>& inputs) {
                     what += ' ';
                     what += g[j].shape.str();
                 }
+        } else if (n.kind == ir::Kind::matmul) {
+            what = "matmul of operands " + g[n.in[0]].shape.str() + " and " + g[n.in[1]].shape.str();
         }
         std::string msg = "kiln::compile: for inputs of shapes ";
         msg += list;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/reduce.hpp"
+#include "kiln/ir/shapes.hpp"
 #include "kiln/ops/copy.hpp"
 #include "kiln/trace/tracer.hpp"
 
@@ -38,15 +39,6 @@ inline unsigned reduce_mask(const Axes& axes, int rank, std::string_view op, con
     return m;
 }
 
-/// Output shape of a reduction.
-inline Shape reduced_shape(const Shape& s, unsigned mask, bool keepdim) {
-    Shape out;
-    for (int d = 0; d < s.rank(); ++d) {
-        if (!(mask & (1u << d))) out.push_back(s[d]);
-        else if (keepdim) out.push_back(1);
-    }
-    return out;
-}
 
 /// Kept dims first, then reduced ones: each output element reduces a run of consecutive
 /// elements of the permuted iteration order.
@@ -80,12 +72,12 @@ Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_loca
     std::int64_t outer, inner;
     const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
     if (trace::any_traced(e))
-        return trace::record_reduce(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, reduced_shape(s, mask, keepdim),
+        return trace::record_reduce(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
                                     out_dtype, loc);
     if (cuda::detail::on_cuda(e))
         return cuda::detail::eval_reduce<R>(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim,
-                                            reduced_shape(s, mask, keepdim), out_dtype, R::name, loc);
-    Tensor out(reduced_shape(s, mask, keepdim), out_dtype);
+                                            ir::reduced_shape(s, mask, keepdim), out_dtype, R::name, loc);
+    Tensor out(ir::reduced_shape(s, mask, keepdim), out_dtype);
     if (inner == 0 && R::needs_elements && outer > 0)
         fail<ValueError>(R::name, "cannot reduce over an empty dimension of shape " + s.str() + " (no identity)", loc);
     if (outer == 0) return out;
@@ -108,7 +100,7 @@ Tensor arg_reduce(const X& x, std::optional<std::int64_t> axis, bool keepdim, co
     const unsigned mask = axis ? reduce_mask(Axes{*axis}, s.rank(), op, loc) : reduce_mask(Axes{}, s.rank(), op, loc);
     std::int64_t outer, inner;
     const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
-    const Shape out_shape = axis ? reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{});
+    const Shape out_shape = axis ? ir::reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{});
     if (trace::any_traced(e))
         return trace::record_reduce(e, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim, out_shape, DType::i64, loc);
     if (cuda::detail::on_cuda(e))
@@ -132,7 +124,7 @@ Tensor mean_reduce(const X& x, const Axes& axes, bool keepdim, double correction
     const Shape& s = e.info.shape;
     const unsigned mask = reduce_mask(axes, s.rank(), op, loc);
     if (trace::any_traced(e))
-        return trace::record_reduce(e, ir::Kind::reduce, ir::ReduceKind::mean, true, mask, keepdim, reduced_shape(s, mask, keepdim),
+        return trace::record_reduce(e, ir::Kind::reduce, ir::ReduceKind::mean, true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
                                     e.info.dtype, loc, correction);
     std::int64_t n = 1;
     for (int d = 0; d < s.rank(); ++d)
@@ -204,7 +196,7 @@ template <class X> Tensor logsumexp(const X& x, const Axes& axes = {}, bool keep
     const Tensor shift = Tensor(where(abs(m) == std::numeric_limits<double>::infinity(), 0.0, m), loc);
     Tensor r = Tensor(log(sum(exp(x - shift), axes, true, loc)) + shift, loc);
     if (keepdim) return r;
-    return r.reshape(detail::reduced_shape(detail::operand_shape(x), detail::reduce_mask(axes, detail::operand_shape(x).rank(), "logsumexp", loc), false), loc);
+    return r.reshape(ir::reduced_shape(detail::operand_shape(x), detail::reduce_mask(axes, detail::operand_shape(x).rank(), "logsumexp", loc), false), loc);
 }
 
 }  // namespace kiln

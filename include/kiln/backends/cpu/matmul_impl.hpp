@@ -6,6 +6,7 @@
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/core/thread_pool.hpp"
+#include "kiln/ir/shapes.hpp"
 
 namespace kiln::detail {
 
@@ -78,12 +79,10 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
     const DType dt = promote_types(a_in.dtype(), b_in.dtype());
     Tensor a = a_in.rank() == 1 ? a_in.unsqueeze(0) : a_in;
     Tensor b = b_in.rank() == 1 ? b_in.unsqueeze(1) : b_in;
-    const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-    Shape ba, bb, batch;
-    for (int d = 0; d < a.rank() - 2; ++d) ba.push_back(a.size(d));
-    for (int d = 0; d < b.rank() - 2; ++d) bb.push_back(b.size(d));
-    if (!try_broadcast(ba, bb, batch) || k != b.size(-2))
-        throw InternalError("kiln: cpu_matmul called with shapes " + a_in.shape().str() + " and " + b_in.shape().str());
+    const ir::MatmulShapes sh = ir::matmul_shapes(a_in.shape(), b_in.shape());
+    if (!sh.ok()) throw InternalError("kiln: cpu_matmul called with unchecked operands: " + sh.error);
+    const std::int64_t m = sh.m, k = sh.k, n = sh.n;
+    const Shape& batch = sh.batch;
     const DType ct = compute_dtype(dt);
     Shape sa = batch, sb = batch, sc = batch;
     sa.push_back(m); sa.push_back(k);

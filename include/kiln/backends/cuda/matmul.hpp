@@ -12,6 +12,7 @@
 #include "kiln/backends/cuda/driver.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/ir/shapes.hpp"
 
 namespace kiln::cuda {
 namespace detail {
@@ -92,9 +93,8 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
 #if !(defined(KILN_WITH_CUDA) && KILN_WITH_CUDA)
     fail<DeviceError>("matmul", "kiln was built without the CUDA toolkit (cuBLASLt)", loc);
 #endif
-    if (a_in.rank() == 0 || b_in.rank() == 0)
-        fail<ShapeError>("matmul", "both operands need at least 1 dim, got " + a_in.shape().str() + " and " +
-                                       b_in.shape().str(), loc);
+    const ir::MatmulShapes sh = ir::matmul_shapes(a_in.shape(), b_in.shape());
+    if (!sh.ok()) fail<ShapeError>("matmul", sh.error, loc);
     const DType dt = promote_types(a_in.dtype(), b_in.dtype());
     if (dt == DType::boolean) fail<DTypeError>("matmul", "not supported for bool operands", loc);
     if (!is_floating(dt))
@@ -103,19 +103,9 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
                                        "float64)", loc);
     const Tensor a = a_in.rank() == 1 ? a_in.unsqueeze(0) : a_in;
     const Tensor b = b_in.rank() == 1 ? b_in.unsqueeze(1) : b_in;
-    const std::int64_t m = a.size(-2), k = a.size(-1), k2 = b.size(-2), n = b.size(-1);
-    if (k != k2)
-        fail<ShapeError>("matmul", "shapes " + a_in.shape().str() + " and " + b_in.shape().str() +
-                                       " cannot be multiplied (" + std::to_string(k) + " != " + std::to_string(k2) + ")", loc);
-    Shape ba, bb, batch;
-    for (int d = 0; d < a.rank() - 2; ++d) ba.push_back(a.size(d));
-    for (int d = 0; d < b.rank() - 2; ++d) bb.push_back(b.size(d));
-    if (!kiln::detail::try_broadcast(ba, bb, batch))
-        fail<ShapeError>("matmul", "batch dims " + ba.str() + " and " + bb.str() + " do not broadcast (shapes " +
-                                       a_in.shape().str() + " and " + b_in.shape().str() + ")", loc);
-    Shape result = batch;
-    if (a_in.rank() > 1) result.push_back(m);
-    if (b_in.rank() > 1) result.push_back(n);
+    const std::int64_t m = sh.m, k = sh.k, n = sh.n;
+    const Shape& batch = sh.batch;
+    const Shape& result = sh.result;
 
     // the bias: one value per output column, on the device, in the result dtype (f32 is converted)
     Tensor bias_t;
