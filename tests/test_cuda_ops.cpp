@@ -218,6 +218,31 @@ TEST_CASE("cuda: a compiled function with a graph break and views" * doctest::sk
     CHECK(rel_err(f(cu(x)), expect) < 1e-6);
 }
 
+TEST_CASE("cuda: a compiled program drops each intermediate after its last reader (peak memory is the live set)" *
+          doctest::skip(kiln_test::no_cuda())) {
+    constexpr std::int64_t n = 1024;
+    constexpr std::size_t value_bytes = n * n * 4;  // 4 MiB per f32 value
+    const Tensor x = cu(randn({n, n})), w = cu(Tensor(randn({n, n}) * (1.0 / 32)));
+    auto chain = [&](const Tensor& t) {  // eight products: each a library call materializing its value
+        Tensor h = t;
+        for (int i = 0; i < 8; ++i) h = matmul(h, w);
+        return h;
+    };
+    auto f = compile(chain);
+    const Tensor expect = chain(x);
+    CHECK(rel_err(f(x), expect) < 1e-5);  // compiles; kernels and cuBLASLt plans exist from here on
+    cuda::synchronize(0);
+    const std::size_t before = cuda::memory_stats(0).bytes_in_use;
+    cuda::reset_peak_memory_stats(0);
+    CHECK(cuda::memory_stats(0).peak_bytes_in_use == before);
+    const Tensor y = f(x);
+    cuda::synchronize(0);
+    const std::size_t peak = cuda::memory_stats(0).peak_bytes_in_use - before;
+    CHECK(peak >= 2 * value_bytes);                 // a product and its operand live together
+    CHECK(peak <= 3 * value_bytes + (1u << 20));  // not eight values: each dropped after the product reading it
+    CHECK(rel_err(y, expect) < 1e-5);
+}
+
 TEST_CASE("cuda: copy_, fill_ and assign into CUDA tensors" * doctest::skip(kiln_test::no_cuda())) {
     Tensor d = cu(zeros({10, 10}));
     const Tensor s = randn({10, 10});

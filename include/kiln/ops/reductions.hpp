@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/reduce.hpp"
+#include "kiln/core/config.hpp"
 #include "kiln/ir/shapes.hpp"
 #include "kiln/ops/copy.hpp"
 #include "kiln/trace/tracer.hpp"
@@ -140,6 +141,23 @@ template <class X> const Shape& operand_shape(const X& x) {
     if constexpr (std::is_same_v<X, Tensor>) return x.shape();
     else return x.info.shape;
 }
+
+
+// A reduction of a plain tensor is one instantiation per reduction (mean has its own path), whatever the program: in
+// separate compilation the runtime compiles them once and user code only calls them.
+#define KILN_REDUCE_OF_TENSOR(R) Tensor reduce<ops::R, Tensor>(const Tensor&, const Axes&, bool, const std::source_location&);
+#if !KILN_HEADER_ONLY
+extern template KILN_REDUCE_OF_TENSOR(SumR)
+extern template KILN_REDUCE_OF_TENSOR(ProdR)
+extern template KILN_REDUCE_OF_TENSOR(MaxR)
+extern template KILN_REDUCE_OF_TENSOR(MinR)
+#elif defined(KILN_SEPARATE_COMPILATION)
+template KILN_REDUCE_OF_TENSOR(SumR)
+template KILN_REDUCE_OF_TENSOR(ProdR)
+template KILN_REDUCE_OF_TENSOR(MaxR)
+template KILN_REDUCE_OF_TENSOR(MinR)
+#endif
+#undef KILN_REDUCE_OF_TENSOR
 
 }  // namespace detail
 

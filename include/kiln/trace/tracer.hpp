@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/config.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/expr/node.hpp"
@@ -98,17 +99,7 @@ public:
 
     /// A new graph input bound to `concrete`; `arg` >= 0: the flat argument it is (its base is
     /// written back into that argument when the function writes into it).
-    Tensor input(const Tensor& concrete, int arg = -1) {
-        auto b = new_base(input_node(concrete), concrete.shape(), concrete.dtype());
-        b->own_node = b->node;
-        if (arg >= 0) {
-            b->arg = arg;
-            b->target = concrete;
-            b->outside = true;
-            pinned_.push_back(b);
-        }
-        return view_of(b, b->shape, contiguous_strides(b->shape), 0);
-    }
+    Tensor input(const Tensor& concrete, int arg = -1);
 
     /// A tracing tensor for node `id` of the current segment (a new value: its own base).
     Tensor make(int id) {
@@ -127,50 +118,10 @@ public:
 
     /// A traced copy of t (clone, contiguous): a new base holding a copy of t's current value, in
     /// memory of its own when it leaves the program (ops::Copy, which passes keep).
-    Tensor copy(const Tensor& t) {
-        ir::Node n;
-        n.kind = ir::Kind::elementwise;
-        n.op = ops::op_id<ops::Copy>;
-        n.dtype = n.attr = t.dtype();
-        n.ct = cast_compute_dtype(t.dtype(), t.dtype());
-        n.shape = t.shape();
-        n.in = {node_of(t)};
-        return make(graph_.add(std::move(n)));
-    }
+    Tensor copy(const Tensor& t);
 
     /// The node that stands for t in the current segment (adding an input, constant or view if needed).
-    int node_of(const Tensor& t) {
-        if (t.is_traced()) {
-            Value& v = *checked(t);
-            Base& b = *v.base;
-            current(b);
-            if (identity(t, b) && v.fixed == 0) return b.node;
-            if (v.segment == segment_ && v.version == b.version && v.node >= 0) return v.node;
-            v.node = view_node(b.node, t.shape(), t.strides(), t.offset(), b.dtype, v.fixed);
-            v.segment = segment_;
-            v.version = b.version;
-            return v.node;
-        }
-        // memory the function wrote into earlier in this trace: a view of its current value
-        if (auto b = written_storage(t)) {
-            if (b->dtype == t.dtype()) {
-                current(*b);
-                return view_node(b->node, t.shape(), t.strides(), t.offset(), b->dtype);
-            }
-            flush_for_break(std::source_location::current(), "a read of memory written with another dtype");
-        }
-        // a tensor captured by the function (weights): bound by handle, read at run time
-        for (int id : constants_)
-            if (graph_[id].tensor.is_same(t)) return id;
-        ir::Node n;
-        n.kind = ir::Kind::constant;
-        n.dtype = t.dtype();
-        n.shape = t.shape();
-        n.tensor = t;
-        const int id = graph_.add(std::move(n));
-        constants_.push_back(id);
-        return id;
-    }
+    int node_of(const Tensor& t);
 
     int scalar(double value, DType dtype) {
         ir::Node n;
@@ -192,69 +143,7 @@ public:
     /// dst = value (node `value`, broadcast to dst's shape and converted to its dtype), recorded as
     /// a new value of dst's base: the value itself when dst is the whole base, otherwise the base
     /// with dst's elements replaced (a view_write node).
-    void write(const Tensor& dst, int value, const std::source_location& loc, std::string_view op = "assign") {
-        const ir::Node& vn = graph_[value];
-        Shape b;
-        if (!kiln::detail::try_broadcast(vn.shape, dst.shape(), b) || !(b == dst.shape()))
-            kiln::detail::fail<ShapeError>(op, "cannot write a value of shape " + vn.shape.str() + " into a tensor of shape " +
-                                                   dst.shape().str(), loc);
-        std::shared_ptr<Base> base;
-        if (dst.is_traced()) {
-            base = checked(dst)->base;
-        } else {
-            base = storage_base(dst);
-            if (!base || base->dtype != dst.dtype()) {  // memory viewed with two dtypes: write it now
-                const Tensor v = make(value);
-                flush_for_break(loc, "a write into memory viewed with another dtype");
-                const Tensor c = concrete_of(v);
-                const Untraced untraced;
-                Tensor(dst).copy_(c, loc);
-                return;
-            }
-        }
-        current(*base);
-        // the value as dst's dtype and shape
-        int v = value;
-        if (graph_[v].kind == ir::Kind::scalar || graph_[v].dtype != dst.dtype()) {
-            ir::Node c;
-            c.kind = ir::Kind::elementwise;
-            c.op = ops::op_id<ops::Cast>;
-            c.dtype = c.attr = dst.dtype();
-            c.ct = cast_compute_dtype(graph_[v].kind == ir::Kind::scalar ? dst.dtype() : graph_[v].dtype, dst.dtype());
-            c.shape = graph_[v].shape;
-            c.in = {v};
-            c.loc = loc;
-            if (graph_[v].kind == ir::Kind::scalar) graph_[v].dtype = c.ct;
-            v = graph_.add(std::move(c));
-        }
-        const bool broadcast = !(graph_[v].shape == dst.shape());
-        if (broadcast) {
-            const Shape& s = graph_[v].shape;
-            v = view_node(v, dst.shape(), kiln::detail::broadcast_strides(s, contiguous_strides(s), dst.shape()), 0, dst.dtype());
-        }
-        // a broadcast value keeps its view_write even over the whole base: the broadcast's shape is
-        // dst's at trace time, and the view_write is where a dynamic program sees whether it still fits
-        if (identity(dst, *base) && !broadcast && !(dst.is_traced() && checked(dst)->fixed)) {
-            base->node = v;
-        } else {
-            ir::Node w;
-            w.kind = ir::Kind::view_write;
-            w.dtype = base->dtype;
-            w.shape = base->shape;
-            w.in = {base->node, v};
-            w.args = dst.strides();
-            w.value = static_cast<double>(dst.offset());
-            w.mask = dst.is_traced() ? checked(dst)->fixed : 0u;
-            w.loc = loc;
-            base->node = graph_.add(std::move(w));
-        }
-        ++base->version;
-        if (base->target.defined()) base->dirty = true;
-        if (!dst.is_traced()) {
-            kiln::detail::pending_writes_hook() = &pending_hook;
-            hooked_ = true;
-        }
-    }
+    void write(const Tensor& dst, int value, const std::source_location& loc, std::string_view op = "assign");
 
     /// Graph break: runs the current segment and returns the concrete tensor t stands for.
     Tensor materialize(const Tensor& t, const std::source_location& loc, const std::string& reason) {
@@ -264,47 +153,11 @@ public:
 
     /// The concrete tensor of a traced t whose base was computed by an earlier segment (undefined
     /// otherwise): a view of the base's concrete value.
-    Tensor concrete_of(const Tensor& t) {
-        const Base& b = *checked(t)->base;
-        if (b.segment == segment_ || !b.concrete.defined()) return {};
-        const Tensor& c = b.concrete;
-        if (identity(t, b)) return c;
-        if (c.is_contiguous()) return Tensor(c.storage(), c.offset() + t.offset(), t.shape(), t.strides(), t.dtype());
-        const Tensor dense = c.contiguous();  // a strided base (an argument): its view reads a copy
-        return Tensor(dense.storage(), dense.offset() + t.offset(), t.shape(), t.strides(), t.dtype());
-    }
+    Tensor concrete_of(const Tensor& t);
 
     /// Runs the current segment with every live base as an output; binds the bases and writes
     /// what the segment wrote into memory outside the trace.
-    void flush() {
-        if (hooked_) kiln::detail::pending_writes_hook() = nullptr;
-        hooked_ = false;
-        std::vector<std::shared_ptr<Base>> live;
-        for (auto& w : live_)
-            if (auto b = w.lock(); b && b->segment == segment_) live.push_back(b);
-        for (auto& b : pinned_)
-            if (b->segment == segment_ && std::find(live.begin(), live.end(), b) == live.end()) live.push_back(b);
-        graph_.outputs.clear();
-        for (auto& b : live) graph_.outputs.push_back(b->node);
-        {
-            const Untraced untraced;  // the segment's own copies and views, and the write-backs, are not traced
-            std::vector<Tensor> out;
-            if (!graph_.outputs.empty()) out = run_(graph_, inputs_);
-            for (std::size_t i = 0; i < live.size(); ++i) {
-                live[i]->concrete = out[i];
-                if (live[i]->dirty) {
-                    live[i]->target.copy_(out[i]);
-                    live[i]->dirty = false;
-                }
-            }
-        }
-        graph_ = {};
-        inputs_.clear();
-        constants_.clear();
-        node_device_.clear();
-        ++segment_;
-        std::erase_if(live_, [](const std::weak_ptr<Base>& w) { return w.expired(); });
-    }
+    void flush();
 
     /// Whether returning t may return memory the program did not make: t is a concrete tensor, or a
     /// view of an argument (or earlier segment's value) it never wrote. Otherwise, where the passes
@@ -324,15 +177,7 @@ public:
 
     /// The writes the program must apply after it runs (the function wrote into an argument or
     /// into memory from outside the trace), each with its value's node in the current segment.
-    std::vector<WriteBack> write_backs() {
-        std::vector<WriteBack> out;
-        for (auto& b : pinned_) {
-            if (!b->dirty || !b->outside) continue;
-            current(*b);
-            out.push_back({b->node, b->arg, b->arg >= 0 ? Tensor() : b->target});
-        }
-        return out;
-    }
+    std::vector<WriteBack> write_backs();
 
 private:
     /// No tracer is active on this thread for a scope (work that must run, not be recorded).
@@ -349,13 +194,7 @@ private:
         return ++n;
     }
     /// Applies the writes pending on a storage before its memory is read or written directly.
-    static void pending_hook(const kiln::detail::Storage* s) {
-        Tracer* tr = active();
-        if (tr == nullptr) return;
-        auto it = tr->storage_bases_.find(s);
-        if (it == tr->storage_bases_.end() || !it->second->dirty) return;
-        tr->flush_for_break(std::source_location::current(), "a direct access to memory the function wrote into");
-    }
+    static void pending_hook(const kiln::detail::Storage* s);
 
     Value* checked(const Tensor& t) const {
         Value* v = t.traced_value().get();
@@ -368,34 +207,8 @@ private:
     }
     /// The device node `id`'s value lives on: an input's or captured tensor's, else its operands'
     /// (the first one on a GPU).
-    Device device_of_node(int id) {
-        if (node_device_.size() < static_cast<std::size_t>(graph_.size())) node_device_.resize(static_cast<std::size_t>(graph_.size()));
-        auto& d = node_device_[static_cast<std::size_t>(id)];
-        if (d) return *d;
-        const ir::Node& n = graph_[id];
-        Device dev = Device::cpu();
-        if (n.kind == ir::Kind::input) dev = inputs_[static_cast<std::size_t>(n.index)].device();
-        else if (n.kind == ir::Kind::constant) dev = n.tensor.device();
-        else
-            for (int j : n.in)
-                if (const Device o = device_of_node(j); !o.is_cpu()) {
-                    dev = o;
-                    break;
-                }
-        node_device_[static_cast<std::size_t>(id)] = dev;
-        return dev;
-    }
-    std::shared_ptr<Base> new_base(int node, const Shape& shape, DType dtype) {
-        auto b = std::make_shared<Base>();
-        b->tracer = id_;
-        b->segment = segment_;
-        b->node = node;
-        b->shape = shape;
-        b->dtype = dtype;
-        b->device = device_of_node(node);
-        live_.push_back(b);
-        return b;
-    }
+    Device device_of_node(int id);
+    std::shared_ptr<Base> new_base(int node, const Shape& shape, DType dtype);
     Tensor view_of(const std::shared_ptr<Base>& b, const Shape& shape, const Strides& strides, std::int64_t offset,
                    unsigned fixed = 0) {
         auto v = std::make_shared<Value>();
@@ -404,17 +217,7 @@ private:
         v->fixed = fixed;
         return Tensor::make_traced(std::move(v), shape, strides, offset, b->dtype);
     }
-    int input_node(const Tensor& concrete) {
-        ir::Node n;
-        n.kind = ir::Kind::input;
-        n.dtype = concrete.dtype();
-        n.shape = concrete.shape();
-        n.index = static_cast<int>(inputs_.size());
-        const int id = graph_.add(std::move(n));
-        graph_.inputs.push_back(id);
-        inputs_.push_back(concrete);
-        return id;
-    }
+    int input_node(const Tensor& concrete);
     /// Gives b a node in the current segment: a base computed by an earlier segment comes in as
     /// an input bound to its concrete value.
     void current(Base& b) {
@@ -423,50 +226,17 @@ private:
         b.node = b.own_node = input_node(b.concrete);
         b.segment = segment_;
     }
-    int view_node(int of, const Shape& shape, const Strides& strides, std::int64_t offset, DType dtype, unsigned fixed = 0) {
-        ir::Node n;
-        n.kind = ir::Kind::view;
-        n.mask = fixed;
-        n.dtype = dtype;
-        n.shape = shape;
-        n.in = {of};
-        n.vkind = ir::ViewKind::as_strided;
-        n.args = strides;
-        n.value = static_cast<double>(offset);
-        return graph_.add(std::move(n));
-    }
+    int view_node(int of, const Shape& shape, const Strides& strides, std::int64_t offset, DType dtype, unsigned fixed = 0);
     /// The base standing for the storage of concrete tensor t (memory outside the function, or
     /// made by it before this point), created on the first write: the whole storage as a 1-D tensor
     /// of t's dtype, read at run time; t is a strided view of it.
-    std::shared_ptr<Base> storage_base(const Tensor& t) {
-        const kiln::detail::Storage* s = t.storage().get();
-        if (auto it = storage_bases_.find(s); it != storage_bases_.end()) return it->second;
-        const std::int64_t n = static_cast<std::int64_t>(s->nbytes() / t.element_size());
-        const Tensor whole(t.storage(), 0, Shape{n}, Strides{1}, t.dtype());
-        ir::Node c;
-        c.kind = ir::Kind::constant;
-        c.dtype = whole.dtype();
-        c.shape = whole.shape();
-        c.tensor = whole;
-        auto b = new_base(graph_.add(std::move(c)), whole.shape(), whole.dtype());
-        b->own_node = b->node;
-        b->target = whole;
-        b->outside = s->serial() < first_storage_;
-        storage_bases_[s] = b;
-        pinned_.push_back(b);
-        return b;
-    }
+    std::shared_ptr<Base> storage_base(const Tensor& t);
     std::shared_ptr<Base> written_storage(const Tensor& t) const {
         if (!t.storage()) return nullptr;
         auto it = storage_bases_.find(t.storage().get());
         return it == storage_bases_.end() ? nullptr : it->second;
     }
-    void flush_for_break(const std::source_location& loc, const std::string& reason) {
-        if (fullgraph_)
-            kiln::detail::fail<GraphBreakError>("compile", "graph break (" + reason + ") with fullgraph = true", loc);
-        breaks_.push_back({loc, reason});
-        flush();
-    }
+    void flush_for_break(const std::source_location& loc, const std::string& reason);
 
     SegmentRunner run_;
     bool fullgraph_;
@@ -645,3 +415,7 @@ inline Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Te
 }
 
 }  // namespace kiln::trace
+
+#if KILN_HEADER_ONLY
+#include "kiln/trace/tracer_impl.hpp"
+#endif

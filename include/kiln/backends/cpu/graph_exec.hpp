@@ -13,6 +13,7 @@
 #include "kiln/backends/cpu/reduce.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
+#include "kiln/fuse/memory_plan.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/backends/cpu/matmul.hpp"
 #include "kiln/tables/reduce_table.hpp"
@@ -542,52 +543,14 @@ private:
         }
     }
 
-    /// Memory planning: each intermediate a group writes and only later groups read gets a
-    /// buffer slot; a slot is reused once every reader of its value has run (values seen through
-    /// views count as read where the view is). Outputs, and values an output views, keep memory
-    /// of their own. A steady-state call then allocates nothing but its outputs.
+    /// Memory planning (fuse/memory_plan.hpp): each intermediate a group writes and only later
+    /// groups read gets a buffer slot, reused once every reader of its value has run. Outputs, and
+    /// values an output views, keep memory of their own. A steady-state call then allocates
+    /// nothing but its outputs.
     void plan_buffers() {
-        const int N = g_.size();
-        const auto& groups = plan_.groups;
-        std::vector<int> base(static_cast<std::size_t>(N));  // the value a view (or an in-place write) ultimately shows
-        for (int i = 0; i < N; ++i) {
-            const int gi = plan_.group_of[static_cast<std::size_t>(i)];
-            const bool aliases = g_[i].kind == ir::Kind::view || (gi >= 0 && groups[static_cast<std::size_t>(gi)].kind == fuse::Group::Kind::write &&
-                                                                  groups[static_cast<std::size_t>(gi)].in_place);
-            base[static_cast<std::size_t>(i)] = aliases ? base[static_cast<std::size_t>(g_[i].in[0])] : i;
-        }
-        std::vector<char> pinned(static_cast<std::size_t>(N), 0);
-        for (int o : g_.outputs) pinned[static_cast<std::size_t>(base[static_cast<std::size_t>(o)])] = 1;
-        std::vector<int> last_use(static_cast<std::size_t>(N), -1), produced(static_cast<std::size_t>(N), -1);
-        for (std::size_t k = 0; k < groups.size(); ++k) {
-            for (int o : groups[k].outputs) produced[static_cast<std::size_t>(o)] = static_cast<int>(k);
-            for (int l : groups[k].leaves) {
-                const int b = base[static_cast<std::size_t>(l)];
-                last_use[static_cast<std::size_t>(b)] = std::max(last_use[static_cast<std::size_t>(b)], static_cast<int>(k));
-            }
-        }
-        slot_of_.assign(static_cast<std::size_t>(N), -1);
-        std::vector<int> slot_free_after;  // group index after which the slot is free again
-        for (std::size_t k = 0; k < groups.size(); ++k) {
-            const auto& G = groups[k];
-            if (G.kind == fuse::Group::Kind::view || G.kind == fuse::Group::Kind::matmul || G.kind == fuse::Group::Kind::call) continue;
-            for (int o : G.outputs) {
-                const ir::Node& n = g_[o];
-                if (pinned[static_cast<std::size_t>(o)] || last_use[static_cast<std::size_t>(o)] < 0) continue;
-                const std::size_t bytes = static_cast<std::size_t>(n.shape.numel()) * dtype_size(n.dtype);
-                int pick = -1;
-                for (std::size_t sl = 0; sl < slot_bytes_.size() && pick < 0; ++sl)
-                    if (slot_bytes_[sl] == bytes && slot_free_after[sl] < static_cast<int>(k)) pick = static_cast<int>(sl);
-                if (pick < 0) {
-                    pick = static_cast<int>(slot_bytes_.size());
-                    slot_bytes_.push_back(bytes);
-                    slot_free_after.push_back(0);
-                }
-                slot_of_[static_cast<std::size_t>(o)] = pick;
-                slot_free_after[static_cast<std::size_t>(pick)] = last_use[static_cast<std::size_t>(o)];
-            }
-        }
-        if (slot_bytes_.empty()) slot_of_.clear();
+        fuse::MemoryPlan m = fuse::plan_memory(g_, plan_);
+        slot_of_ = std::move(m.slot_of);
+        slot_bytes_ = std::move(m.slot_bytes);
     }
 
     ir::Graph g_;

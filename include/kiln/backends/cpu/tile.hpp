@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/core/config.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/core/thread_pool.hpp"  // tile_elems
 
@@ -96,7 +97,7 @@ inline void for_each_segment(const IterSpace& space, const Strides& st, std::int
 
 /// Reads elements [start, start + len) of an access into dst, converting to T.
 template <class T>
-inline void gather(const IterSpace& space, const Access& a, std::int64_t start, std::int64_t len, T* dst) {
+void gather(const IterSpace& space, const Access& a, std::int64_t start, std::int64_t len, T* dst) {
     visit_dtype(a.dtype, [&](auto tag) {
         using S = typename decltype(tag)::type;
         const S* base = reinterpret_cast<const S*>(a.base);
@@ -122,7 +123,7 @@ inline void gather(const IterSpace& space, const Access& a, std::int64_t start, 
 
 /// Writes src (compute type T) to elements [start, start + len) of an access, converting.
 template <class T>
-inline void scatter(const IterSpace& space, const Access& a, std::int64_t start, std::int64_t len, const T* src) {
+void scatter(const IterSpace& space, const Access& a, std::int64_t start, std::int64_t len, const T* src) {
     visit_dtype(a.dtype, [&](auto tag) {
         using S = typename decltype(tag)::type;
         S* base = reinterpret_cast<S*>(a.base);
@@ -137,6 +138,25 @@ inline void scatter(const IterSpace& space, const Access& a, std::int64_t start,
         });
     });
 }
+
+// gather and scatter for the four compute types: in separate compilation the runtime compiles
+// them once and user code only calls them.
+#if !KILN_HEADER_ONLY
+#define KILN_TILE_MOVES(T)                                                                              \
+    extern template void gather<T>(const IterSpace&, const Access&, std::int64_t, std::int64_t, T*);  \
+    extern template void scatter<T>(const IterSpace&, const Access&, std::int64_t, std::int64_t, const T*);
+#elif defined(KILN_SEPARATE_COMPILATION)
+#define KILN_TILE_MOVES(T)                                                                       \
+    template void gather<T>(const IterSpace&, const Access&, std::int64_t, std::int64_t, T*);  \
+    template void scatter<T>(const IterSpace&, const Access&, std::int64_t, std::int64_t, const T*);
+#else
+#define KILN_TILE_MOVES(T)
+#endif
+KILN_TILE_MOVES(float)
+KILN_TILE_MOVES(double)
+KILN_TILE_MOVES(std::int32_t)
+KILN_TILE_MOVES(std::int64_t)
+#undef KILN_TILE_MOVES
 
 /// Converts a tile between compute types.
 template <class To, class From>

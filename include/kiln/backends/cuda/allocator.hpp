@@ -16,6 +16,7 @@
 
 #include "kiln/backends/cuda/driver.hpp"
 #include "kiln/core/allocator.hpp"
+#include "kiln/core/config.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::cuda {
@@ -68,68 +69,13 @@ public:
     /// A device pointer (as void*) to at least nbytes bytes, 512-byte aligned; 0 bytes gives a
     /// distinct block of the smallest class. Throws OutOfMemory when the device is full even after
     /// the cache was freed, DeviceError for other driver failures.
-    void* allocate(std::size_t nbytes) override {
-        const std::size_t size = device_size_class(nbytes);
-        const CUstream stream = current_stream(device_);  // also makes the device's context current
-        std::lock_guard lock(mutex_);
-        if (auto it = free_.find({key_of(stream), size}); it != free_.end() && !it->second.empty()) {
-            void* p = it->second.back();
-            live_.emplace(p, Block{size, stream});  // may throw: the bins are untouched until it succeeded
-            it->second.pop_back();
-            stats_.bytes_cached -= size;
-            ++stats_.cache_hits;
-            note_handed_out(size);
-            return p;
-        }
-        const Driver& d = driver();
-        CUdeviceptr ptr = 0;
-        CUresult r = d.mem_alloc(&ptr, size);
-        if (r == cuda_error_out_of_memory) {
-            ++stats_.oom_retries;
-            release_cached_locked();
-            r = d.mem_alloc(&ptr, size);
-            if (r == cuda_error_out_of_memory) throw OutOfMemory(oom_message(nbytes, size));
-        }
-        check(r, "cuMemAlloc");
-        ++stats_.driver_allocs;
-        void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
-        try {
-            live_.emplace(p, Block{size, stream});
-        } catch (...) {  // no host memory to track it: give it back rather than leak it
-            d.mem_free(ptr);
-            ++stats_.driver_frees;
-            throw;
-        }
-        note_handed_out(size);
-        return p;
-    }
+    void* allocate(std::size_t nbytes) override;
 
     /// Returns the block to the bins of the stream it was allocated on (no driver call).
-    void deallocate(void* p, std::size_t) noexcept override {
-        if (!p) return;
-        std::lock_guard lock(mutex_);
-        const auto it = live_.find(p);
-        if (it == live_.end()) return;  // not ours: nothing sane to do in a noexcept path
-        const Block b = it->second;
-        live_.erase(it);
-        stats_.bytes_in_use -= b.size;
-        try {
-            free_[{key_of(b.stream), b.size}].push_back(p);
-            stats_.bytes_cached += b.size;
-        } catch (...) {  // no memory for the bin entry: give the block back to the driver instead
-            if (driver_state().ok()) {
-                driver_state().mem_free(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)));
-                ++stats_.driver_frees;
-            }
-        }
-    }
+    void deallocate(void* p, std::size_t) noexcept override;
 
     /// Waits for all work on the device, then frees every cached block.
-    void empty_cache() {
-        use_device(device_);
-        std::lock_guard lock(mutex_);
-        release_cached_locked();
-    }
+    void empty_cache();
 
     /// Reserves (or gives back) the cached blocks of `stream`: a CUDA graph captured there keeps
     /// using the memory its capture freed, so empty_cache() and out-of-memory retries leave them.
@@ -142,6 +88,10 @@ public:
     DeviceMemoryStats stats() const {
         std::lock_guard lock(mutex_);
         return stats_;
+    }
+    void reset_peak() {
+        std::lock_guard lock(mutex_);
+        stats_.peak_bytes_in_use = stats_.bytes_in_use;
     }
     int device() const { return device_; }
 
@@ -162,34 +112,9 @@ private:
     // Cached blocks may still be read or written by queued work (their tensors died on the host
     // first), so the whole context is synchronized before any is freed. Stream handles of cached
     // blocks may be dead, so the per-stream synchronize is not an option.
-    void release_cached_locked() {
-        if (free_.empty()) return;
-        const Driver& d = driver();
-        check(d.ctx_synchronize(), "cuCtxSynchronize");  // throws with the bins untouched
-        for (auto it = free_.begin(); it != free_.end();) {
-            if (std::find(reserved_.begin(), reserved_.end(), it->first.first) != reserved_.end()) {
-                ++it;  // a live CUDA graph still uses these
-                continue;
-            }
-            for (void* p : it->second) {
-                d.mem_free(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)));  // nothing to do on failure
-                ++stats_.driver_frees;
-                stats_.bytes_cached -= it->first.second;
-            }
-            it = free_.erase(it);
-        }
-    }
+    void release_cached_locked();
 
-    std::string oom_message(std::size_t nbytes, std::size_t size) const {
-        std::size_t free_b = 0, total_b = 0;
-        const bool have_info = driver_state().mem_get_info(&free_b, &total_b) == cuda_success;
-        std::string m = "kiln::cuda: out of memory on cuda:" + std::to_string(device_) + ": tried to allocate " +
-                        format_mib(size) + " (" + std::to_string(nbytes) + " bytes requested); kiln has " +
-                        format_mib(stats_.bytes_in_use) + " in use and " + format_mib(stats_.bytes_cached) +
-                        " cached";
-        if (have_info) m += "; the device has " + format_mib(free_b) + " free of " + format_mib(total_b);
-        return m;
-    }
+    std::string oom_message(std::size_t nbytes, std::size_t size) const;
 
     int device_;
     mutable std::mutex mutex_;
@@ -233,7 +158,16 @@ inline kiln::Allocator& device_allocator(int device) { return detail::caching_al
 /// Statistics of kiln's caching allocator on `device`.
 inline DeviceMemoryStats memory_stats(int device = 0) { return detail::caching_allocator(device, "cuda::memory_stats").stats(); }
 
+/// Starts peak_bytes_in_use over from the bytes in use now (torch.cuda.reset_peak_memory_stats).
+inline void reset_peak_memory_stats(int device = 0) {
+    detail::caching_allocator(device, "cuda::reset_peak_memory_stats").reset_peak();
+}
+
 /// Synchronizes `device`, then frees every block kiln's allocator keeps cached there.
 inline void empty_cache(int device = 0) { detail::caching_allocator(device, "cuda::empty_cache").empty_cache(); }
 
 }  // namespace kiln::cuda
+
+#if KILN_HEADER_ONLY
+#include "kiln/backends/cuda/allocator_impl.hpp"
+#endif

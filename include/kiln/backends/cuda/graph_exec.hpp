@@ -24,6 +24,7 @@
 #include "kiln/core/tensor.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
+#include "kiln/fuse/memory_plan.hpp"
 
 namespace kiln::cuda {
 // Defined in backends/cuda/matmul.hpp (which needs the copy ops that include this file).
@@ -195,6 +196,9 @@ public:
         }
         pending_.push_back({nullptr, f, {}, {}, std::move(args), grid, block});
     }
+
+    /// Whether every launch added so far is queued on the stream (nothing waits for a compile).
+    bool idle() const { return pending_.empty(); }
 
     /// Compiles what the queued launches need, then launches them in order.
     void flush() {
@@ -531,7 +535,8 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
 class CudaGraphProgram {
 public:
     CudaGraphProgram(ir::Graph g, fuse::Plan plan, int device)
-        : g_(std::move(g)), plan_(std::move(plan)), device_(device), memos_(plan_.groups.size() * 2) {
+        : g_(std::move(g)), plan_(std::move(plan)), device_(device), memos_(plan_.groups.size() * 2),
+          memory_(fuse::plan_memory(g_, plan_, false)) {
         for (auto& m : memos_) m = std::make_unique<KernelMemo>();
     }
 
@@ -564,6 +569,13 @@ public:
                                   " (move it with .to(device))");
         }
         const bool profile = debug::log_on("profile");
+        // each intermediate is dropped after its last reader (fuse/memory_plan.hpp): the
+        // stream-ordered allocator gives its block to a later value of this stream, so the call's
+        // peak memory is its live set. Only once every launch so far is queued: a launch still
+        // waiting for its kernel's compile must not find its operand's block reused.
+        const fuse::MemoryPlan other = &plan == &plan_ ? fuse::MemoryPlan{} : fuse::plan_memory(g, plan, false);
+        const fuse::MemoryPlan& mem = &plan == &plan_ ? memory_ : other;
+        std::vector<int> dead;
         Launcher L(device_);
         for (std::size_t k = 0; k < plan.groups.size(); ++k) {
             const fuse::Group& G = plan.groups[k];
@@ -596,6 +608,11 @@ public:
                         Tensor(src.storage(), src.offset() + static_cast<std::int64_t>(n.value), n.shape, n.args, n.dtype);
                     break;
                 }
+            }
+            dead.insert(dead.end(), mem.dead_after[k].begin(), mem.dead_after[k].end());
+            if (L.idle()) {
+                for (int i : dead) vals[static_cast<std::size_t>(i)] = Tensor();
+                dead.clear();
             }
             if (profile) {
                 L.flush();
@@ -654,6 +671,7 @@ private:
     fuse::Plan plan_;
     int device_;
     std::vector<std::unique_ptr<KernelMemo>> memos_;  ///< two per group (main kernel, combine)
+    fuse::MemoryPlan memory_;                         ///< liveness of plan_'s values
 };
 
 }  // namespace kiln::cuda::detail

@@ -1,0 +1,99 @@
+// Memory planning over a fused plan, one pass for both executors: where each value is last read,
+// which values must keep memory of their own (outputs, and what outputs view), and buffer slots
+// that intermediates with disjoint lifetimes share. The CPU executor runs steady-state calls on
+// the slots (allocating nothing but the outputs); the CUDA executor drops each intermediate after
+// the last group that reads it, so the stream-ordered caching allocator hands its block to the
+// next value (peak memory is the live set, not every intermediate of the call).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kiln/core/dtype.hpp"
+#include "kiln/fuse/fuser.hpp"
+#include "kiln/ir/graph.hpp"
+
+namespace kiln::fuse {
+
+struct MemoryPlan {
+    /// node -> the node whose memory it is: a view, or a value an in-place write group produces,
+    /// shows its operand's memory; every other node its own.
+    std::vector<int> base;
+    /// node -> index of the last group that reads it as a leaf (-1: none reads it).
+    std::vector<int> last_read;
+    /// node -> the last group that reads its memory through any view of it (-1: none); a slot
+    /// is free again after it.
+    std::vector<int> last_use;
+    /// node -> an output, or memory an output shows: never shared, never dropped early.
+    std::vector<char> pinned;
+    /// per group: the nodes whose last reader it is (not pinned, not inputs or constants), which
+    /// an executor may drop once the group has run.
+    std::vector<std::vector<int>> dead_after;
+    /// node -> buffer slot (-1: memory of its own); empty when no node has one.
+    std::vector<int> slot_of;
+    std::vector<std::size_t> slot_bytes;  ///< bytes of each slot
+};
+
+/// The memory plan of graph g run as `plan`. Slots go to the values of elementwise, row, reduce
+/// and write groups (a GEMM, a library call and a view make their own memory), of a size equal to
+/// a free slot's; `with_slots = false` leaves them out (liveness only).
+inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_slots = true) {
+    const int N = g.size();
+    const auto& groups = plan.groups;
+    const auto at = [](auto& v, int i) -> auto& { return v[static_cast<std::size_t>(i)]; };
+    MemoryPlan m;
+    m.base.resize(static_cast<std::size_t>(N));
+    for (int i = 0; i < N; ++i) {
+        const int gi = at(plan.group_of, i);
+        const bool aliases = g[i].kind == ir::Kind::view ||
+                             (gi >= 0 && groups[static_cast<std::size_t>(gi)].kind == Group::Kind::write &&
+                              groups[static_cast<std::size_t>(gi)].in_place);
+        at(m.base, i) = aliases ? at(m.base, g[i].in[0]) : i;
+    }
+    m.pinned.assign(static_cast<std::size_t>(N), 0);
+    for (int o : g.outputs) {
+        at(m.pinned, o) = 1;
+        at(m.pinned, at(m.base, o)) = 1;
+    }
+    m.last_read.assign(static_cast<std::size_t>(N), -1);
+    m.last_use.assign(static_cast<std::size_t>(N), -1);
+    for (std::size_t k = 0; k < groups.size(); ++k)
+        for (int l : groups[k].leaves) {
+            at(m.last_read, l) = std::max(at(m.last_read, l), static_cast<int>(k));
+            int& u = at(m.last_use, at(m.base, l));
+            u = std::max(u, static_cast<int>(k));
+        }
+    m.dead_after.resize(groups.size());
+    for (int i = 0; i < N; ++i) {
+        const int k = at(m.last_read, i);
+        const ir::Kind kind = g[i].kind;
+        if (k >= 0 && !at(m.pinned, i) && kind != ir::Kind::input && kind != ir::Kind::constant && kind != ir::Kind::scalar)
+            m.dead_after[static_cast<std::size_t>(k)].push_back(i);
+    }
+    if (!with_slots) return m;
+    m.slot_of.assign(static_cast<std::size_t>(N), -1);
+    std::vector<int> slot_free_after;  // group index after which the slot is free again
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+        const Group& G = groups[k];
+        if (G.kind == Group::Kind::view || G.kind == Group::Kind::matmul || G.kind == Group::Kind::call) continue;
+        for (int o : G.outputs) {
+            if (at(m.pinned, o) || at(m.last_use, o) < 0) continue;
+            const std::size_t bytes = static_cast<std::size_t>(g[o].shape.numel()) * dtype_size(g[o].dtype);
+            int pick = -1;
+            for (std::size_t sl = 0; sl < m.slot_bytes.size() && pick < 0; ++sl)
+                if (m.slot_bytes[sl] == bytes && slot_free_after[sl] < static_cast<int>(k)) pick = static_cast<int>(sl);
+            if (pick < 0) {
+                pick = static_cast<int>(m.slot_bytes.size());
+                m.slot_bytes.push_back(bytes);
+                slot_free_after.push_back(0);
+            }
+            at(m.slot_of, o) = pick;
+            at(slot_free_after, pick) = at(m.last_use, o);
+        }
+    }
+    if (m.slot_bytes.empty()) m.slot_of.clear();
+    return m;
+}
+
+}  // namespace kiln::fuse

@@ -1,0 +1,271 @@
+// The tracer's out-of-line members (recording, segments, write-backs), compiled once in separate
+// compilation. Included at the end of kiln/trace/tracer.hpp (in header-only mode, or by
+// kiln/src.hpp), never on its own.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace kiln::trace {
+
+KILN_DECL Tensor Tracer::input(const Tensor& concrete, int arg) {
+    auto b = new_base(input_node(concrete), concrete.shape(), concrete.dtype());
+    b->own_node = b->node;
+    if (arg >= 0) {
+        b->arg = arg;
+        b->target = concrete;
+        b->outside = true;
+        pinned_.push_back(b);
+    }
+    return view_of(b, b->shape, contiguous_strides(b->shape), 0);
+}
+
+KILN_DECL Tensor Tracer::copy(const Tensor& t) {
+    ir::Node n;
+    n.kind = ir::Kind::elementwise;
+    n.op = ops::op_id<ops::Copy>;
+    n.dtype = n.attr = t.dtype();
+    n.ct = cast_compute_dtype(t.dtype(), t.dtype());
+    n.shape = t.shape();
+    n.in = {node_of(t)};
+    return make(graph_.add(std::move(n)));
+}
+
+KILN_DECL int Tracer::node_of(const Tensor& t) {
+    if (t.is_traced()) {
+        Value& v = *checked(t);
+        Base& b = *v.base;
+        current(b);
+        if (identity(t, b) && v.fixed == 0) return b.node;
+        if (v.segment == segment_ && v.version == b.version && v.node >= 0) return v.node;
+        v.node = view_node(b.node, t.shape(), t.strides(), t.offset(), b.dtype, v.fixed);
+        v.segment = segment_;
+        v.version = b.version;
+        return v.node;
+    }
+    // memory the function wrote into earlier in this trace: a view of its current value
+    if (auto b = written_storage(t)) {
+        if (b->dtype == t.dtype()) {
+            current(*b);
+            return view_node(b->node, t.shape(), t.strides(), t.offset(), b->dtype);
+        }
+        flush_for_break(std::source_location::current(), "a read of memory written with another dtype");
+    }
+    // a tensor captured by the function (weights): bound by handle, read at run time
+    for (int id : constants_)
+        if (graph_[id].tensor.is_same(t)) return id;
+    ir::Node n;
+    n.kind = ir::Kind::constant;
+    n.dtype = t.dtype();
+    n.shape = t.shape();
+    n.tensor = t;
+    const int id = graph_.add(std::move(n));
+    constants_.push_back(id);
+    return id;
+}
+
+KILN_DECL void Tracer::write(const Tensor& dst, int value, const std::source_location& loc, std::string_view op) {
+    const ir::Node& vn = graph_[value];
+    Shape b;
+    if (!kiln::detail::try_broadcast(vn.shape, dst.shape(), b) || !(b == dst.shape()))
+        kiln::detail::fail<ShapeError>(op, "cannot write a value of shape " + vn.shape.str() + " into a tensor of shape " +
+                                               dst.shape().str(), loc);
+    std::shared_ptr<Base> base;
+    if (dst.is_traced()) {
+        base = checked(dst)->base;
+    } else {
+        base = storage_base(dst);
+        if (!base || base->dtype != dst.dtype()) {  // memory viewed with two dtypes: write it now
+            const Tensor v = make(value);
+            flush_for_break(loc, "a write into memory viewed with another dtype");
+            const Tensor c = concrete_of(v);
+            const Untraced untraced;
+            Tensor(dst).copy_(c, loc);
+            return;
+        }
+    }
+    current(*base);
+    // the value as dst's dtype and shape
+    int v = value;
+    if (graph_[v].kind == ir::Kind::scalar || graph_[v].dtype != dst.dtype()) {
+        ir::Node c;
+        c.kind = ir::Kind::elementwise;
+        c.op = ops::op_id<ops::Cast>;
+        c.dtype = c.attr = dst.dtype();
+        c.ct = cast_compute_dtype(graph_[v].kind == ir::Kind::scalar ? dst.dtype() : graph_[v].dtype, dst.dtype());
+        c.shape = graph_[v].shape;
+        c.in = {v};
+        c.loc = loc;
+        if (graph_[v].kind == ir::Kind::scalar) graph_[v].dtype = c.ct;
+        v = graph_.add(std::move(c));
+    }
+    const bool broadcast = !(graph_[v].shape == dst.shape());
+    if (broadcast) {
+        const Shape& s = graph_[v].shape;
+        v = view_node(v, dst.shape(), kiln::detail::broadcast_strides(s, contiguous_strides(s), dst.shape()), 0, dst.dtype());
+    }
+    // a broadcast value keeps its view_write even over the whole base: the broadcast's shape is
+    // dst's at trace time, and the view_write is where a dynamic program sees whether it still fits
+    if (identity(dst, *base) && !broadcast && !(dst.is_traced() && checked(dst)->fixed)) {
+        base->node = v;
+    } else {
+        ir::Node w;
+        w.kind = ir::Kind::view_write;
+        w.dtype = base->dtype;
+        w.shape = base->shape;
+        w.in = {base->node, v};
+        w.args = dst.strides();
+        w.value = static_cast<double>(dst.offset());
+        w.mask = dst.is_traced() ? checked(dst)->fixed : 0u;
+        w.loc = loc;
+        base->node = graph_.add(std::move(w));
+    }
+    ++base->version;
+    if (base->target.defined()) base->dirty = true;
+    if (!dst.is_traced()) {
+        kiln::detail::pending_writes_hook() = &pending_hook;
+        hooked_ = true;
+    }
+}
+
+KILN_DECL Tensor Tracer::concrete_of(const Tensor& t) {
+    const Base& b = *checked(t)->base;
+    if (b.segment == segment_ || !b.concrete.defined()) return {};
+    const Tensor& c = b.concrete;
+    if (identity(t, b)) return c;
+    if (c.is_contiguous()) return Tensor(c.storage(), c.offset() + t.offset(), t.shape(), t.strides(), t.dtype());
+    const Tensor dense = c.contiguous();  // a strided base (an argument): its view reads a copy
+    return Tensor(dense.storage(), dense.offset() + t.offset(), t.shape(), t.strides(), t.dtype());
+}
+
+KILN_DECL void Tracer::flush() {
+    if (hooked_) kiln::detail::pending_writes_hook() = nullptr;
+    hooked_ = false;
+    std::vector<std::shared_ptr<Base>> live;
+    for (auto& w : live_)
+        if (auto b = w.lock(); b && b->segment == segment_) live.push_back(b);
+    for (auto& b : pinned_)
+        if (b->segment == segment_ && std::find(live.begin(), live.end(), b) == live.end()) live.push_back(b);
+    graph_.outputs.clear();
+    for (auto& b : live) graph_.outputs.push_back(b->node);
+    {
+        const Untraced untraced;  // the segment's own copies and views, and the write-backs, are not traced
+        std::vector<Tensor> out;
+        if (!graph_.outputs.empty()) out = run_(graph_, inputs_);
+        for (std::size_t i = 0; i < live.size(); ++i) {
+            live[i]->concrete = out[i];
+            if (live[i]->dirty) {
+                live[i]->target.copy_(out[i]);
+                live[i]->dirty = false;
+            }
+        }
+    }
+    graph_ = {};
+    inputs_.clear();
+    constants_.clear();
+    node_device_.clear();
+    ++segment_;
+    std::erase_if(live_, [](const std::weak_ptr<Base>& w) { return w.expired(); });
+}
+
+KILN_DECL std::vector<WriteBack> Tracer::write_backs() {
+    std::vector<WriteBack> out;
+    for (auto& b : pinned_) {
+        if (!b->dirty || !b->outside) continue;
+        current(*b);
+        out.push_back({b->node, b->arg, b->arg >= 0 ? Tensor() : b->target});
+    }
+    return out;
+}
+
+KILN_DECL void Tracer::pending_hook(const kiln::detail::Storage* s) {
+    Tracer* tr = active();
+    if (tr == nullptr) return;
+    auto it = tr->storage_bases_.find(s);
+    if (it == tr->storage_bases_.end() || !it->second->dirty) return;
+    tr->flush_for_break(std::source_location::current(), "a direct access to memory the function wrote into");
+}
+
+KILN_DECL Device Tracer::device_of_node(int id) {
+    if (node_device_.size() < static_cast<std::size_t>(graph_.size())) node_device_.resize(static_cast<std::size_t>(graph_.size()));
+    auto& d = node_device_[static_cast<std::size_t>(id)];
+    if (d) return *d;
+    const ir::Node& n = graph_[id];
+    Device dev = Device::cpu();
+    if (n.kind == ir::Kind::input) dev = inputs_[static_cast<std::size_t>(n.index)].device();
+    else if (n.kind == ir::Kind::constant) dev = n.tensor.device();
+    else
+        for (int j : n.in)
+            if (const Device o = device_of_node(j); !o.is_cpu()) {
+                dev = o;
+                break;
+            }
+    node_device_[static_cast<std::size_t>(id)] = dev;
+    return dev;
+}
+
+KILN_DECL std::shared_ptr<Base> Tracer::new_base(int node, const Shape& shape, DType dtype) {
+    auto b = std::make_shared<Base>();
+    b->tracer = id_;
+    b->segment = segment_;
+    b->node = node;
+    b->shape = shape;
+    b->dtype = dtype;
+    b->device = device_of_node(node);
+    live_.push_back(b);
+    return b;
+}
+
+KILN_DECL int Tracer::input_node(const Tensor& concrete) {
+    ir::Node n;
+    n.kind = ir::Kind::input;
+    n.dtype = concrete.dtype();
+    n.shape = concrete.shape();
+    n.index = static_cast<int>(inputs_.size());
+    const int id = graph_.add(std::move(n));
+    graph_.inputs.push_back(id);
+    inputs_.push_back(concrete);
+    return id;
+}
+
+KILN_DECL int Tracer::view_node(int of, const Shape& shape, const Strides& strides, std::int64_t offset, DType dtype, unsigned fixed) {
+    ir::Node n;
+    n.kind = ir::Kind::view;
+    n.mask = fixed;
+    n.dtype = dtype;
+    n.shape = shape;
+    n.in = {of};
+    n.vkind = ir::ViewKind::as_strided;
+    n.args = strides;
+    n.value = static_cast<double>(offset);
+    return graph_.add(std::move(n));
+}
+
+KILN_DECL std::shared_ptr<Base> Tracer::storage_base(const Tensor& t) {
+    const kiln::detail::Storage* s = t.storage().get();
+    if (auto it = storage_bases_.find(s); it != storage_bases_.end()) return it->second;
+    const std::int64_t n = static_cast<std::int64_t>(s->nbytes() / t.element_size());
+    const Tensor whole(t.storage(), 0, Shape{n}, Strides{1}, t.dtype());
+    ir::Node c;
+    c.kind = ir::Kind::constant;
+    c.dtype = whole.dtype();
+    c.shape = whole.shape();
+    c.tensor = whole;
+    auto b = new_base(graph_.add(std::move(c)), whole.shape(), whole.dtype());
+    b->own_node = b->node;
+    b->target = whole;
+    b->outside = s->serial() < first_storage_;
+    storage_bases_[s] = b;
+    pinned_.push_back(b);
+    return b;
+}
+
+KILN_DECL void Tracer::flush_for_break(const std::source_location& loc, const std::string& reason) {
+    if (fullgraph_)
+        kiln::detail::fail<GraphBreakError>("compile", "graph break (" + reason + ") with fullgraph = true", loc);
+    breaks_.push_back({loc, reason});
+    flush();
+}
+
+}  // namespace kiln::trace
