@@ -17,16 +17,6 @@
 namespace kiln::fuse {
 
 struct MemoryPlan {
-    /// node -> the node whose memory it is: a view, or a value an in-place write group produces,
-    /// shows its operand's memory; every other node its own.
-    std::vector<int> base;
-    /// node -> index of the last group that reads it as a leaf (-1: none reads it).
-    std::vector<int> last_read;
-    /// node -> the last group that reads its memory through any view of it (-1: none); a slot
-    /// is free again after it.
-    std::vector<int> last_use;
-    /// node -> an output, or memory an output shows: never shared, never dropped early.
-    std::vector<char> pinned;
     /// per group: the nodes whose last reader it is (not pinned, not inputs or constants), which
     /// an executor may drop once the group has run.
     std::vector<std::vector<int>> dead_after;
@@ -43,32 +33,36 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
     const auto& groups = plan.groups;
     const auto at = [](auto& v, int i) -> auto& { return v[static_cast<std::size_t>(i)]; };
     MemoryPlan m;
-    m.base.resize(static_cast<std::size_t>(N));
+    // node -> the node whose memory it is: a view, or a value an in-place write group produces,
+    // shows its operand's memory; every other node its own
+    std::vector<int> base(static_cast<std::size_t>(N));
     for (int i = 0; i < N; ++i) {
         const int gi = at(plan.group_of, i);
         const bool aliases = g[i].kind == ir::Kind::view ||
                              (gi >= 0 && groups[static_cast<std::size_t>(gi)].kind == Group::Kind::write &&
                               groups[static_cast<std::size_t>(gi)].in_place);
-        at(m.base, i) = aliases ? at(m.base, g[i].in[0]) : i;
+        at(base, i) = aliases ? at(base, g[i].in[0]) : i;
     }
-    m.pinned.assign(static_cast<std::size_t>(N), 0);
+    // node -> an output, or memory an output shows: never shared, never dropped early
+    std::vector<char> pinned(static_cast<std::size_t>(N), 0);
     for (int o : g.outputs) {
-        at(m.pinned, o) = 1;
-        at(m.pinned, at(m.base, o)) = 1;
+        at(pinned, o) = 1;
+        at(pinned, at(base, o)) = 1;
     }
-    m.last_read.assign(static_cast<std::size_t>(N), -1);
-    m.last_use.assign(static_cast<std::size_t>(N), -1);
+    // node -> the last group that reads it as a leaf / that reads its memory through any view of
+    // it (-1: none); a slot is free again after its last use
+    std::vector<int> last_read(static_cast<std::size_t>(N), -1), last_use(static_cast<std::size_t>(N), -1);
     for (std::size_t k = 0; k < groups.size(); ++k)
         for (int l : groups[k].leaves) {
-            at(m.last_read, l) = std::max(at(m.last_read, l), static_cast<int>(k));
-            int& u = at(m.last_use, at(m.base, l));
+            at(last_read, l) = std::max(at(last_read, l), static_cast<int>(k));
+            int& u = at(last_use, at(base, l));
             u = std::max(u, static_cast<int>(k));
         }
     m.dead_after.resize(groups.size());
     for (int i = 0; i < N; ++i) {
-        const int k = at(m.last_read, i);
+        const int k = at(last_read, i);
         const ir::Kind kind = g[i].kind;
-        if (k >= 0 && !at(m.pinned, i) && kind != ir::Kind::input && kind != ir::Kind::constant && kind != ir::Kind::scalar)
+        if (k >= 0 && !at(pinned, i) && kind != ir::Kind::input && kind != ir::Kind::constant && kind != ir::Kind::scalar)
             m.dead_after[static_cast<std::size_t>(k)].push_back(i);
     }
     if (!with_slots) return m;
@@ -78,7 +72,7 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
         const Group& G = groups[k];
         if (G.kind == Group::Kind::view || G.kind == Group::Kind::matmul || G.kind == Group::Kind::call) continue;
         for (int o : G.outputs) {
-            if (at(m.pinned, o) || at(m.last_use, o) < 0) continue;
+            if (at(pinned, o) || at(last_use, o) < 0) continue;
             const std::size_t bytes = static_cast<std::size_t>(g[o].shape.numel()) * dtype_size(g[o].dtype);
             int pick = -1;
             for (std::size_t sl = 0; sl < m.slot_bytes.size() && pick < 0; ++sl)
@@ -89,7 +83,7 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
                 slot_free_after.push_back(0);
             }
             at(m.slot_of, o) = pick;
-            at(slot_free_after, pick) = at(m.last_use, o);
+            at(slot_free_after, pick) = at(last_use, o);
         }
     }
     if (m.slot_bytes.empty()) m.slot_of.clear();

@@ -29,6 +29,10 @@ inline const char* storage_type(DType d) {
     }
     return "float";
 }
+/// The unsigned C type of a raw element of this size (kernels that move elements without reading them).
+inline const char* raw_word(std::size_t element_size) {
+    return element_size == 1 ? "unsigned char" : element_size == 2 ? "unsigned short" : element_size == 4 ? "unsigned int" : "unsigned long long";
+}
 /// C type a value of dtype d is held in while computing (f16/bf16 as float, bool as bool).
 inline const char* value_type(DType d) {
     switch (d) {

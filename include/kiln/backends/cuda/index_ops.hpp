@@ -34,8 +34,7 @@ inline bool has_atomic_add(DType d) { return d == DType::f32 || d == DType::f64 
 inline KernelText index_kernel(const IndexSignature& s) {
     const bool add = s.mode == IndexMode::scatter_add;
     const std::size_t es = dtype_size(s.dtype);
-    const std::string W = add ? storage_type(s.dtype)
-                              : es == 1 ? "unsigned char" : es == 2 ? "unsigned short" : es == 4 ? "unsigned int" : "unsigned long long";
+    const std::string W = add ? storage_type(s.dtype) : raw_word(es);
     const std::string I = storage_type(s.index_dtype);
     const bool gather = s.mode == IndexMode::gather;
     std::string p = "extern \"C\" __global__ void @NAME@(" + W + "* __restrict__ out, const " + W + "* __restrict__ in, const " + I +

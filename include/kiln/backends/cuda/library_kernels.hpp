@@ -17,11 +17,6 @@
 
 namespace kiln::cuda::detail {
 
-/// The unsigned C type of a raw element of this size (kernels that copy elements without reading them).
-inline const char* raw_word(std::size_t element_size) {
-    return element_size == 1 ? "unsigned char" : element_size == 2 ? "unsigned short" : element_size == 4 ? "unsigned int" : "unsigned long long";
-}
-
 /// im2col of a (N, C, H, W) input with any strides into (N*OH*OW, KH*KW*C) columns of raw
 /// elements of `element_size` bytes; padding writes the `pad` bits. i64: 64-bit index math.
 inline KernelText im2col_kernel(std::size_t element_size, bool i64) {

@@ -109,9 +109,13 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
 
     // the bias: one value per output column, on the device, in the result dtype (f32 is converted)
     Tensor bias_t;
-    if (!act_info(epi.act).gemm_epilogue)
-        fail<ValueError>("matmul", "cuBLASLt has no " + std::string(act_name(epi.act)) +
-                                       " epilogue (it has relu and gelu_tanh; apply gelu to the product instead)", loc);
+    if (!act_info(epi.act).gemm_epilogue) {
+        std::string has;
+        for (const ActInfo& r : act_table)
+            if (r.gemm_epilogue && r.act != Act::none) has += (has.empty() ? "" : ", ") + std::string(r.name);
+        fail<ValueError>("matmul", "cuBLASLt has no " + std::string(act_name(epi.act)) + " epilogue (it has " + has +
+                                       "; apply the activation to the product instead)", loc);
+    }
     if (epilogue_has_bias(epi) && !bias)
         fail<ValueError>("matmul", "epilogue " + epilogue_name(epi) + " needs a bias tensor", loc);
     if (bias && !epilogue_has_bias(epi))
