@@ -36,14 +36,20 @@ std::pair<ir::Graph, fuse::Plan> trace_plan(const std::vector<Tensor>& args, F&&
     return {std::move(opt), std::move(plan)};
 }
 
-/// Kernel sources for every kernel group of a plan, over several launch signatures each.
-std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Plan& plan) {
+/// Kernel sources for every kernel group of a plan, over several launch signatures each. An
+/// elementwise group has four signatures (contiguous vec 4; mixed layouts, rank 3; 64-bit
+/// indices, strided; a strided output); pick >= 0 keeps only signature pick % 4, so that a sweep
+/// over ops x dtypes can rotate the signatures and cover every (signature, dtype) pair and every
+/// (op, dtype) pair without compiling their full product.
+std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Plan& plan, int pick = -1) {
     std::vector<cache::KernelSource> out;
     auto add = [&](const cuda::detail::KernelText& k) { out.push_back({k.source, k.name, {}}); };
     for (const fuse::Group& G : plan.groups) {
         const std::size_t nl = G.leaves.size();
         if (G.kind == fuse::Group::Kind::elementwise) {
+            const int only = pick < 0 ? -1 : (pick % 4 == 3 && G.outputs.size() != 1) ? 0 : pick % 4;
             for (int variant : {0, 1, 3}) {
+                if (only >= 0 && only != (variant == 3 ? 2 : variant)) continue;
                 cuda::detail::EwSignature sig;
                 sig.rank = variant == 0 ? 1 : 3;
                 sig.vec = variant < 2 ? 4 : 1;
@@ -59,7 +65,7 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                 }
                 add(cuda::detail::elementwise_kernel(g, G, sig));
             }
-            if (G.outputs.size() == 1) {  // written into a strided view
+            if (G.outputs.size() == 1 && (only < 0 || only == 3)) {  // written into a strided view
                 cuda::detail::EwSignature sig;
                 sig.rank = 2;
                 sig.out_strided = true;
@@ -124,14 +130,50 @@ struct TempCache {
     }
 };
 
-/// Compiles every source for the given architectures (in parallel); returns how many compiled.
+/// Compiles every source for the given architectures; returns how many compiled. Sources made by
+/// finish_kernel (prelude() + one kernel's text) are compiled in batches: the prelude once, then
+/// each kernel's text in a namespace of its own (its extern "C" kernel keeps its name), so NVRTC's
+/// per-program cost is paid once per batch, not once per kernel. A batch that fails is compiled
+/// kernel by kernel, so the failure names its kernel; the first source is always compiled alone,
+/// as the runtime compiles it. The batches go through cubins_for in parallel, like the runtime's.
 std::size_t compile_all(const std::vector<cache::KernelSource>& src, std::vector<int> archs = {80, 90}) {
+    const std::string& pre = cuda::detail::prelude();
+    std::vector<cache::KernelSource> units;
+    std::vector<std::vector<std::size_t>> members;  // per unit, the sources it holds
+    std::set<std::string> seen;
+    std::size_t duplicates = 0;
+    constexpr std::size_t batch = 48;
+    for (std::size_t i = 0; i < src.size(); ++i) {
+        const bool alone = i == 0 || src[i].source.compare(0, pre.size(), pre) != 0 || !src[i].flags.empty();
+        if (alone) {
+            units.push_back(src[i]);
+            members.push_back({i});
+            continue;
+        }
+        if (!seen.insert(src[i].name).second) {  // the same kernel twice (same text, same name)
+            ++duplicates;
+            continue;
+        }
+        if (members.empty() || members.back().size() >= batch || units.back().name.rfind("batch_", 0) != 0) {
+            units.push_back({pre, "batch_" + std::to_string(units.size()), {}});
+            members.emplace_back();
+        }
+        units.back().source += "\nnamespace k" + std::to_string(i) + " {\n" + src[i].source.substr(pre.size()) + "\n}\n";
+        members.back().push_back(i);
+    }
     for (int arch : archs) {
-        const std::vector<std::string> cubins = cache::cubins_for(src, arch);
-        REQUIRE(cubins.size() == src.size());
+        std::vector<std::string> cubins;
+        try {
+            cubins = cache::cubins_for(units, arch);
+        } catch (const CompileError&) {  // find the kernel: each source alone
+            cubins = cache::cubins_for(src, arch);
+        }
+        REQUIRE(cubins.size() == units.size());
         for (const auto& c : cubins) CHECK(c.rfind("\x7f" "ELF", 0) == 0);
     }
-    return src.size();
+    std::size_t covered = duplicates;  // every source compiled, alone or in a batch, or a duplicate of one that was
+    for (const auto& m : members) covered += m.size();
+    return covered;
 }
 
 #endif
@@ -144,7 +186,9 @@ TEST_CASE("every table op in every dtype it accepts compiles as an elementwise k
     TempCache tc;
     std::vector<cache::KernelSource> src;
     int graphs = 0;
+    int op_index = 0;
     ops::for_each_op([&](auto tag) {
+        ++op_index;
         using Op = typename decltype(tag)::type;
         for (DType dt : all_dtypes) {
             if constexpr (Op::rule == ops::DTypeRule::cast) {
@@ -152,7 +196,7 @@ TEST_CASE("every table op in every dtype it accepts compiles as an elementwise k
                     auto [g, p] = trace_plan({zeros({4, 8}, dt)}, [&](auto& in) {
                         return std::vector<Tensor>{Tensor(expr::make<Op>(to, in[0]))};
                     });
-                    auto s = sources_for(g, p);
+                    auto s = sources_for(g, p, op_index + static_cast<int>(dt) + static_cast<int>(to));
                     src.insert(src.end(), s.begin(), s.end());
                     ++graphs;
                 }
@@ -160,7 +204,7 @@ TEST_CASE("every table op in every dtype it accepts compiles as an elementwise k
                 auto [g, p] = trace_plan({zeros({4, 8}, DType::boolean), zeros({4, 8}, dt), zeros({8}, dt)}, [&](auto& in) {
                     return std::vector<Tensor>{Tensor(expr::make<Op>(DType::f32, in[0], in[1], in[2]))};
                 });
-                auto s = sources_for(g, p);
+                auto s = sources_for(g, p, op_index + static_cast<int>(dt));
                 src.insert(src.end(), s.begin(), s.end());
                 ++graphs;
             } else {
@@ -170,7 +214,7 @@ TEST_CASE("every table op in every dtype it accepts compiles as an elementwise k
                     else return std::vector<Tensor>{Tensor(expr::make<Op>(DType::f32, in[0], in[1])),
                                                     Tensor(expr::make<Op>(DType::f32, in[0], 3))};
                 });
-                auto s = sources_for(g, p);
+                auto s = sources_for(g, p, op_index + static_cast<int>(dt));
                 src.insert(src.end(), s.begin(), s.end());
                 ++graphs;
             }
