@@ -99,6 +99,42 @@ TEST_CASE("mixed compute types run through the tile interpreter and match eager"
     }
 }
 
+TEST_CASE("integer statements run on the tile interpreter (one SIMD loop per float type only) and are exact") {
+    // a statement whose ops all compute in i32 or i64 is lowered to the interpreter, which kiln
+    // compiles once; only f32 and f64 trees get a SIMD loop instantiated per expression type
+    const Tensor a = kiln::randint(-1000, 1000, {37, 65}, DType::i32);
+    const Tensor b = kiln::randint(1, 50, {65}, DType::i32);
+    const Tensor c = kiln::randint(-(1LL << 40), 1LL << 40, {37, 65}, DType::i64);
+    auto e32 = kiln::floor_divide(a * b - 7, b) + kiln::abs(a) % b;  // i32: mul, sub, floor division, abs, remainder
+    auto e64 = kiln::maximum(c * 3, c - 5) + (c > 0);
+    const kiln::expr::Evaluator<std::remove_cvref_t<decltype(e32)>> ev32(e32, e32.info.shape, {}, {});
+    CHECK_FALSE(ev32.fused());
+    CHECK(ev32.ct() == DType::i32);
+    const kiln::expr::Evaluator<std::remove_cvref_t<decltype(e64)>> ev64(e64, e64.info.shape, {}, {});
+    CHECK_FALSE(ev64.fused());
+    const Tensor r32 = e32, r64 = e64;
+    REQUIRE(r32.dtype() == DType::i32);
+    REQUIRE(r64.dtype() == DType::i64);
+    CHECK(maxdiff(r32, kiln::eager(e32)) == 0);
+    CHECK(maxdiff(r64, kiln::eager(e64)) == 0);
+    for (std::int64_t i = 0; i < 37; i += 3)
+        for (std::int64_t j = 0; j < 65; j += 5) {
+            const std::int64_t av = a.at<std::int32_t>({i, j}), bv = b.at<std::int32_t>({j});
+            const std::int64_t num = av * bv - 7;
+            const std::int64_t fl = num / bv - ((num % bv != 0) && ((num < 0) != (bv < 0)) ? 1 : 0);  // floor division
+            const std::int64_t rem = ((std::abs(av) % bv) + bv) % bv;
+            CHECK(r32.at<std::int32_t>({i, j}) == fl + rem);
+            const std::int64_t cv = c.at<std::int64_t>({i, j});
+            CHECK(r64.at<std::int64_t>({i, j}) == std::max(cv * 3, cv - 5) + (cv > 0 ? 1 : 0));
+        }
+    // f32 and f64 trees keep their fused loop
+    const Tensor x = kiln::randn({37, 65}), xd = kiln::randn({37, 65}, DType::f64);
+    auto ef = x * 2 + 1;
+    auto ed = kiln::exp(xd) - xd;
+    CHECK(kiln::expr::Evaluator<std::remove_cvref_t<decltype(ef)>>(ef, ef.info.shape, {}, {}).fused());
+    CHECK(kiln::expr::Evaluator<std::remove_cvref_t<decltype(ed)>>(ed, ed.info.shape, {}, {}).fused());
+}
+
 TEST_CASE("type promotion: C++ numbers act like Python scalars") {
     const Tensor f = kiln::randn({3});
     const Tensor i = kiln::arange(0, 3, 1, DType::i32);

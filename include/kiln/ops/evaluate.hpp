@@ -8,6 +8,7 @@
 
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/backends/cuda/frontend.hpp"
+#include "kiln/core/config.hpp"
 #include "kiln/expr/node.hpp"
 #include "kiln/trace/tracer.hpp"
 
@@ -136,12 +137,45 @@ Lowered lower(const Node<Op, A...>& n, kiln::detail::TileProgram& p) {
 }
 
 // ------------------------------------------------------------------ evaluation
+/// The part of an Evaluator that does not depend on the expression's type (compiled once in
+/// separate mode, not once per expression type): the iteration space, the leaves' accesses and
+/// whether each is read in place, the scalars, and the interpreter program and runner when the
+/// tree does not run as one fused loop.
+class EvalState {
+public:
+    EvalState() = default;
+    EvalState(const EvalState&) = delete;
+    EvalState& operator=(const EvalState&) = delete;
+
+    DType ct() const { return ct_; }
+    const kiln::detail::IterSpace& space() const { return space_; }
+    bool fused() const { return fused_; }
+
+protected:
+    /// leaves: the expression's tensors in leaf order (scalars_ already collected); shape, perm
+    /// and extra as Evaluator's; tree_ct: the expression's Info::tree_ct. Sets fused_; when not
+    /// fused, prog_ is ready for the tree's instructions.
+    KILN_DECL void prepare(const std::vector<const Tensor*>& leaves, const Shape& shape, const std::vector<int>& perm,
+                           std::vector<kiln::detail::Access*> extra, int tree_ct);
+    /// Starts the interpreter on prog_ (after the tree was lowered into it).
+    KILN_DECL void start_interpreter();
+
+    kiln::detail::IterSpace space_;
+    std::vector<kiln::detail::Access> leaves_;
+    std::vector<char> direct_;
+    std::vector<double> scalars_;
+    bool fused_ = true;
+    DType ct_ = DType::f32;
+    std::unique_ptr<kiln::detail::TileProgram> prog_;
+    std::unique_ptr<kiln::detail::ProgramRunner> runner_;
+};
+
 /// An expression prepared for evaluation over its shape (optionally with dims permuted, as
 /// reductions do): tile(start, len, dst) writes elements [start, start + len) of the row-major
-/// iteration order, in compute type ct(), either from the fused loop (one compute type across
-/// the tree) or from the tile interpreter (mixed compute types).
+/// iteration order, in compute type ct(), either from the fused loop (one floating compute type
+/// across the tree) or from the tile interpreter (integer or mixed compute types).
 template <class E>
-class Evaluator {
+class Evaluator : public EvalState {
 public:
     /// shape: the iteration shape (the expression broadcasts to it). perm: iteration dim i is
     /// dim perm[i] (empty: identity). extra: accesses over the same unpermuted shape that take
@@ -151,56 +185,28 @@ public:
         : e_(e) {
         std::vector<const Tensor*> leaves;
         collect(e, leaves, scalars_);
-        for (const Tensor* t : leaves) leaves_.push_back(kiln::detail::access_of(*t, shape));
-        space_.shape = shape;
-        std::vector<kiln::detail::Access*> all;
-        for (auto& a : leaves_) all.push_back(&a);
-        for (auto* a : extra) all.push_back(a);
-        if (!perm.empty()) {
-            Shape s = shape;
-            for (std::size_t i = 0; i < perm.size(); ++i) s[static_cast<int>(i)] = shape[perm[i]];
-            for (auto* a : all) {
-                Strides st = a->strides;
-                for (std::size_t i = 0; i < perm.size(); ++i) st[static_cast<int>(i)] = a->strides[perm[i]];
-                a->strides = st;
-            }
-            space_.shape = s;
-        }
-        kiln::detail::collapse(space_, all);
-        for (const auto& a : leaves_) direct_.push_back(kiln::detail::is_linear(space_, a));
-        fused_ = e.info.tree_ct != Info::tree_mixed;
-        if (fused_) {
-            ct_ = e.info.tree_ct == Info::tree_none ? DType::f32 : static_cast<DType>(e.info.tree_ct);
-        } else {
-            prog_ = std::make_unique<kiln::detail::TileProgram>();
-            prog_->space = space_;
-            prog_->leaves = leaves_;
-            prog_->scalars = scalars_;
+        prepare(leaves, shape, perm, std::move(extra), e.info.tree_ct);
+        if (!fused_) {
             lower<0, 0>(e, *prog_);
-            runner_ = std::make_unique<kiln::detail::ProgramRunner>(*prog_);
-            ct_ = runner_->result_ct();
+            start_interpreter();
         }
     }
-    Evaluator(const Evaluator&) = delete;
-    Evaluator& operator=(const Evaluator&) = delete;
-
-    DType ct() const { return ct_; }
-    const kiln::detail::IterSpace& space() const { return space_; }
-    bool fused() const { return fused_; }
 
     void tile(std::int64_t start, std::int64_t len, void* dst) const {
         if (!fused_) {
             runner_->tile(start, len, dst);
             return;
         }
-        kiln::detail::visit_ct(ct_, [&](auto tag) {
-            using T = typename decltype(tag)::type;
-            if constexpr (RunsIn<E, T>::value) fused_tile_at<T>(start, len, static_cast<T*>(dst));
-            else throw InternalError("kiln: fused expression has no loop for " + std::string(dtype_name(ct_)));
-        });
+        if (ct_ == DType::f64) fused_tile_in<double>(start, len, dst);
+        else fused_tile_in<float>(start, len, dst);
     }
 
 private:
+    template <class T>
+    void fused_tile_in(std::int64_t start, std::int64_t len, void* dst) const {
+        if constexpr (RunsIn<E, T>::value) fused_tile_at<T>(start, len, static_cast<T*>(dst));
+        else throw InternalError("kiln: fused expression has no loop for " + std::string(dtype_name(ct_)));
+    }
     template <class T>
     void fused_tile_at(std::int64_t start, std::int64_t len, T* dst) const {
         constexpr std::size_t nl = Count<E>::leaves, ns = Count<E>::scalars;
@@ -223,14 +229,6 @@ private:
     }
 
     const E& e_;
-    kiln::detail::IterSpace space_;
-    std::vector<kiln::detail::Access> leaves_;
-    std::vector<char> direct_;
-    std::vector<double> scalars_;
-    bool fused_ = true;
-    DType ct_ = DType::f32;
-    std::unique_ptr<kiln::detail::TileProgram> prog_;
-    std::unique_ptr<kiln::detail::ProgramRunner> runner_;
 };
 
 /// Whether writing `out` while reading `in` could clobber values still to be read: same memory,
@@ -390,3 +388,7 @@ Tensor& Tensor::assign(const E& e, Loc loc) {
 }
 
 }  // namespace kiln
+
+#if KILN_HEADER_ONLY
+#include "kiln/ops/evaluate_impl.hpp"
+#endif
