@@ -313,3 +313,96 @@ TEST_CASE("TensorGuard: passes for the same tensor, fails on dtype, rank, size, 
     // a dim of size 1 is never made symbolic
     CHECK(TensorGuard::of(kiln::randn({1, 16}), {1, 1}).str() == "float32(1, s) on cpu");
 }
+
+namespace {
+
+/// The CPU's steps, recording what the executor asks of a device; `issued` says whether every
+/// step so far counts as issued (a device with launches still waiting for a compile says no).
+struct RecordingSteps final : kiln::fuse::Steps {
+    explicit RecordingSteps(const ir::Graph& g, bool issued_now) : inner(g), issued_now(issued_now) {}
+    void kernel(std::size_t k, const kiln::fuse::Group& G, std::vector<Tensor>& vals) override {
+        events.push_back("kernel " + std::to_string(k));
+        inner.kernel(k, G, vals);
+    }
+    void flush() override { events.push_back("flush"); }
+    bool issued() const override { return issued_now; }
+    Tensor output(std::vector<Tensor>& vals, int id, const Shape& s, DType d) override { return inner.output(vals, id, s, d); }
+    bool on_device(const Tensor& t) const override { return inner.on_device(t); }
+    std::string name() const override { return "recording"; }
+
+    kiln::detail::CpuSteps inner;
+    bool issued_now;
+    std::vector<std::string> events;
+};
+
+}  // namespace
+
+TEST_CASE("the executor (fuse/execute.hpp): kernel steps to the device in plan order, host steps after a flush, releases only once issued") {
+    const Tensor x = kiln::randn({8, 16}), w = kiln::randn({16, 16}), table = kiln::randn({10, 16});
+    const Tensor ids = kiln::randint(0, 10, {8, 16}, DType::i64);
+    kiln::trace::Tracer tr(nullptr, true);
+    ir::Graph g;
+    {
+        kiln::trace::ActiveScope scope(&tr);
+        const Tensor tx = tr.input(x), tw = tr.input(w), tt = tr.input(table), ti = tr.input(ids);
+        const Tensor a = kiln::exp(tx * 0.1) * 2;                        // elementwise
+        const Tensor m = kiln::matmul(a, tw);                             // matmul
+        const Tensor r = kiln::softmax(m, -1);                            // row
+        const Tensor v = r.transpose(0, 1).reshape({16 * 8});             // a view of a strided value: a copy
+        const Tensor e = kiln::gather(tt, 0, ti);                         // a library call
+        const Tensor o = Tensor(v.reshape({16, 8}).transpose(0, 1) + e);  // elementwise after all of them
+        g = tr.graph();
+        g.outputs = {tr.node_of(o)};
+    }
+    ir::Graph opt = kiln::passes::run_pipeline(g, {});
+    const kiln::fuse::Plan plan = kiln::fuse::plan(opt);
+    const kiln::fuse::MemoryPlan mem = kiln::fuse::plan_memory(opt, plan, false);
+    const Tensor expected = Tensor(kiln::softmax(kiln::matmul(Tensor(kiln::exp(x * 0.1) * 2), w), -1) + kiln::gather(table, 0, ids));
+
+    for (bool issued : {true, false}) {
+        CAPTURE(issued);
+        std::vector<Tensor> vals(static_cast<std::size_t>(opt.size()));
+        const std::vector<Tensor> in{x, w, table, ids};
+        for (std::size_t k = 0; k < opt.inputs.size(); ++k) vals[static_cast<std::size_t>(opt.inputs[k])] = in[k];
+        for (int i = 0; i < opt.size(); ++i)
+            if (opt[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = opt[i].tensor;
+        RecordingSteps steps(opt, issued);
+        const std::vector<Tensor> out = kiln::fuse::execute(opt, plan, &mem, vals, steps);
+        REQUIRE(out.size() == 1);
+        CHECK(kiln_test::maxdiff(out[0], expected) < 1e-5);
+
+        // every kernel group went to the device once, in plan order; each library call came after a flush
+        std::vector<std::string> want;
+        int calls = 0, dead = 0;
+        for (std::size_t k = 0; k < plan.groups.size(); ++k) {
+            const auto kind = plan.groups[k].kind;
+            if (kind == kiln::fuse::Group::Kind::call) {
+                want.push_back("flush");
+                ++calls;
+            } else if (kind != kiln::fuse::Group::Kind::view) {
+                want.push_back("kernel " + std::to_string(k));
+            }
+        }
+        std::vector<std::string> got = steps.events;
+        REQUIRE(!got.empty());
+        CHECK(got.back() == "flush");  // everything issued before the outputs are returned
+        got.pop_back();
+        // the events in order, where only flushes (a view copying a strided value flushes first) may
+        // come between the expected ones
+        std::vector<std::string> matched;
+        for (const std::string& ev : got) {
+            if (matched.size() < want.size() && ev == want[matched.size()]) matched.push_back(ev);
+            else CHECK(ev == "flush");
+        }
+        CHECK(matched == want);
+        CHECK(calls == 1);
+
+        // the memory plan's dead values: dropped when every step so far was issued, kept otherwise
+        for (const auto& d : mem.dead_after)
+            for (int i : d) {
+                ++dead;
+                CHECK(vals[static_cast<std::size_t>(i)].defined() == !issued);
+            }
+        CHECK(dead >= 2);
+    }
+}

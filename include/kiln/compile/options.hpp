@@ -7,6 +7,7 @@
 
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/fuse/execute.hpp"
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/ir/graph.hpp"
 
@@ -40,7 +41,7 @@ enum class Stance : std::uint8_t { fallback_eager, error };
 class RecompileLimitError : public Error { using Error::Error; };
 
 /// A program a backend made from a graph: input tensors in, output tensors out.
-using Executable = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+using Executable = fuse::Executable;
 
 struct Options {
     Backend backend = Backend::fused;

@@ -12,7 +12,6 @@
 
 #include "kiln/backends/cpu/graph_exec.hpp"
 #include "kiln/backends/cuda/graph_exec.hpp"
-#include "kiln/backends/cuda/graphs.hpp"
 #include "kiln/ir/shapes.hpp"
 #include "kiln/cache/guards.hpp"
 #include "kiln/compile/options.hpp"
@@ -323,18 +322,6 @@ private:
     std::vector<std::pair<std::vector<Shape>, std::shared_ptr<const Instance>>> entries_;
 };
 
-/// Whether two plans of one graph group the same nodes the same way (their row spaces may differ).
-inline bool same_grouping(const fuse::Plan& a, const fuse::Plan& b) {
-    if (a.groups.size() != b.groups.size()) return false;
-    for (std::size_t k = 0; k < a.groups.size(); ++k) {
-        const fuse::Group &x = a.groups[k], &y = b.groups[k];
-        if (x.kind != y.kind || x.nodes != y.nodes || x.outputs != y.outputs || x.leaves != y.leaves || x.mask != y.mask ||
-            x.bias != y.bias || x.act != y.act || x.in_place != y.in_place)
-            return false;
-    }
-    return true;
-}
-
 /// A program's graph with shapes re-derived for these inputs (dynamic programs), and its plan
 /// for them: planned again, because the fuser's choices follow shapes, and two dims the trace
 /// saw equal (one that became dynamic and one that did not, or two dynamic ones) need not stay
@@ -343,32 +330,41 @@ struct ShapedPlan {
     ir::Graph g;
     fuse::Plan p;
 };
-inline ShapedPlan shaped_plan(const ir::Graph& g, const std::vector<Tensor>& in, const fuse::Limits& lim, int device) {
+inline ShapedPlan shaped_plan(const ir::Graph& g, const std::vector<Tensor>& in, const fuse::Limits& lim,
+                              const fuse::DeviceBackend& be) {
     ShapedPlan s{g, {}};
     infer_shapes(s.g, in);
     s.p = fuse::plan(s.g, lim);
-    if (device >= 0) fuse::absorb_matmul_epilogues(s.g, s.p);
+    be.adjust_plan(s.g, s.p);
     return s;
 }
 
-inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device);
-
-/// The backend's executable for an optimized graph (device: a CUDA device index, or -1 for the CPU),
-/// replayed as CUDA graphs under Mode::reduce_overhead.
-inline Executable make_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device = -1) {
-    Executable e = make_backend_executable(g, opt, kernels, dynamic, device);
-    if (device < 0 || opt.mode != Mode::reduce_overhead) return e;
-    auto replay = std::make_shared<cuda::detail::GraphReplay>(std::move(e), device);
-    return [replay](const std::vector<Tensor>& in) { return (*replay)(in); };
+/// The device a program runs on, as compile sees it: the one place that names the CPU and CUDA
+/// (device: a CUDA device index, or -1 for the CPU).
+inline std::shared_ptr<const fuse::DeviceBackend> backend_for(int device) {
+    static const auto cpu = std::make_shared<const CpuBackend>();
+    if (device < 0) return cpu;
+    return std::make_shared<const cuda::detail::CudaBackend>(device);
 }
 
-inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device) {
+inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic,
+                                          std::shared_ptr<const fuse::DeviceBackend> be);
+
+/// The device's executable for an optimized graph (device: a CUDA device index, or -1 for the
+/// CPU), replayed as CUDA graphs under Mode::reduce_overhead where the device has them.
+inline Executable make_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device = -1) {
+    const std::shared_ptr<const fuse::DeviceBackend> be = backend_for(device);
+    Executable e = make_backend_executable(g, opt, kernels, dynamic, be);
+    return opt.mode == Mode::reduce_overhead ? be->replayed(std::move(e)) : e;
+}
+
+inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic,
+                                          std::shared_ptr<const fuse::DeviceBackend> be) {
     if (opt.backend == Backend::custom) {
         if (!opt.custom_backend) throw ValueError("kiln::compile: Backend::custom needs Options::custom_backend");
         kernels = 0;
         return opt.custom_backend(g);
     }
-    fuse::Plan plan;
     if (opt.backend == Backend::eager) {
         // every computed node its own kernel: the captured graph, no fusion
         fuse::Limits one = opt.limits;
@@ -378,26 +374,18 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
         for (int i = 0; i < copy.size(); ++i)
             if (copy[i].kind != ir::Kind::input && copy[i].kind != ir::Kind::constant && copy[i].kind != ir::Kind::scalar)
                 copy.outputs.push_back(i);
-        plan = fuse::plan(copy, one);
+        fuse::Plan plan = fuse::plan(copy, one);
         kernels = plan.kernels();
         const std::size_t nout = g.outputs.size();
-        if (device >= 0) {
-            auto cprog = std::make_shared<cuda::detail::CudaGraphProgram>(copy, plan, device);
-            return [cprog, nout](const std::vector<Tensor>& in) {
-                std::vector<Tensor> all = cprog->run(in);
-                all.resize(nout);
-                return all;
-            };
-        }
-        auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(copy, plan);
+        const auto prog = be->program(std::move(copy), std::move(plan));
         return [prog, nout](const std::vector<Tensor>& in) {
             std::vector<Tensor> all = prog->run(in);
             all.resize(nout);
             return all;
         };
     }
-    plan = fuse::plan(g, opt.limits);
-    if (device >= 0) fuse::absorb_matmul_epilogues(g, plan);  // cuBLASLt applies bias, relu and gelu_tanh
+    fuse::Plan plan = fuse::plan(g, opt.limits);
+    be->adjust_plan(g, plan);
     kernels = plan.kernels();
     if (debug::log_on("fusion")) {
         std::ostringstream s;
@@ -409,37 +397,17 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
         }
         debug::log("fusion", s.str());
     }
-    if (device >= 0) {
-        auto cprog = std::make_shared<cuda::detail::CudaGraphProgram>(g, plan, device);
-        if (!dynamic) return [cprog](const std::vector<Tensor>& in) { return cprog->run(in); };
-        // the kernels are shape-generic; each input shape gets its graph and plan once, and a plan
-        // that groups differently gets a program (and kernels) of its own
-        struct Instance {
-            ShapedPlan s;
-            std::shared_ptr<cuda::detail::CudaGraphProgram> own;
-        };
-        auto shaped = std::make_shared<ShapeInstances<Instance>>();
-        const fuse::Limits lim = opt.limits;
-        return [cprog, shaped, lim, device](const std::vector<Tensor>& in) {
-            const auto inst = shaped->get(in, [&] {
-                auto made = std::make_shared<Instance>(Instance{shaped_plan(cprog->graph(), in, lim, device), nullptr});
-                if (!same_grouping(made->s.p, cprog->plan()))
-                    made->own = std::make_shared<cuda::detail::CudaGraphProgram>(made->s.g, made->s.p, device);
-                return made;
-            });
-            return inst->own ? inst->own->run(in) : cprog->run_graph(inst->s.g, inst->s.p, in);
-        };
-    }
-    auto prog = std::make_shared<kiln::detail::CpuGraphProgram>(g, plan);
+    const auto prog = be->program(g, std::move(plan));
     if (!dynamic) return [prog](const std::vector<Tensor>& in) { return prog->run(in); };
-    // each input shape gets its program (shapes, plan, memory plan) once; the trace and passes
-    // are shared by all sizes
-    auto shaped = std::make_shared<ShapeInstances<kiln::detail::CpuGraphProgram>>();
+    // each input shape gets its graph and plan once (the trace and passes are shared by all
+    // sizes); the device decides what else it shares (CUDA: the kernels, when the plan groups
+    // the same way; the CPU: nothing, its memory plan follows the shapes)
+    auto shaped = std::make_shared<ShapeInstances<fuse::GraphProgram>>();
     const fuse::Limits lim = opt.limits;
-    return [prog, shaped, lim](const std::vector<Tensor>& in) {
+    return [prog, shaped, lim, be](const std::vector<Tensor>& in) {
         const auto inst = shaped->get(in, [&] {
-            ShapedPlan s = shaped_plan(prog->graph(), in, lim, -1);
-            return std::make_shared<kiln::detail::CpuGraphProgram>(std::move(s.g), std::move(s.p));
+            ShapedPlan s = shaped_plan(prog->graph(), in, lim, *be);
+            return prog->reshaped(std::move(s.g), std::move(s.p));
         });
         return inst->run(in);
     };

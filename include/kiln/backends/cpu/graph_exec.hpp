@@ -3,7 +3,6 @@
 #pragma once
 
 #include <array>
-#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -11,7 +10,7 @@
 
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/backends/cpu/reduce.hpp"
-#include "kiln/debug/logs.hpp"
+#include "kiln/fuse/execute.hpp"
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/fuse/memory_plan.hpp"
 #include "kiln/ir/graph.hpp"
@@ -448,47 +447,56 @@ inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std:
     run_program(p);
 }
 
-/// A write into a view of a value: the base copied (unless the write may take its memory), then
-/// the value stored through the view.
-inline void run_write_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
-    const int o = G.outputs[0];
-    const ir::Node& n = g[o];
-    const Tensor& base = vals[static_cast<std::size_t>(n.in[0])];
-    const Tensor& src = vals[static_cast<std::size_t>(n.in[1])];
-    Tensor out;
-    if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype) {
-        out = base;
-    } else {
-        out = output_tensor(vals, o, n.shape, n.dtype);
-        out.copy_(base);
+/// The CPU's steps for the executor (fuse/execute.hpp): the tile interpreter, row and reduce
+/// kernels, Eigen for matmul; writes go into the planned buffers bound in vals.
+class CpuSteps final : public fuse::Steps {
+public:
+    explicit CpuSteps(const ir::Graph& g) : g_(g) {}
+    void kernel(std::size_t, const fuse::Group& G, std::vector<Tensor>& vals) override {
+        switch (G.kind) {
+            case fuse::Group::Kind::elementwise: run_elementwise_group(g_, G, vals); break;
+            case fuse::Group::Kind::row: run_row_group(g_, G, vals); break;
+            case fuse::Group::Kind::reduce: run_reduce_group(g_, G, vals); break;
+            case fuse::Group::Kind::matmul: {
+                const ir::Node& n = g_[G.outputs[0]];
+                vals[static_cast<std::size_t>(G.outputs[0])] =
+                    cpu_matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])]);
+                break;
+            }
+            default: throw InternalError("kiln: the CPU executor got a non-kernel step as a kernel");
+        }
     }
-    Tensor(out.storage(), out.offset() + static_cast<std::int64_t>(n.value), src.shape(), n.args, n.dtype).copy_(src);
-    vals[static_cast<std::size_t>(o)] = out;
-}
+    Tensor output(std::vector<Tensor>& vals, int id, const Shape& shape, DType dtype) override {
+        return output_tensor(vals, id, shape, dtype);
+    }
+    bool on_device(const Tensor& t) const override { return t.device().is_cpu(); }
+    std::string name() const override { return "cpu"; }
 
-/// A compiled graph on the CPU: the fused plan, run group by group.
-class CpuGraphProgram {
+private:
+    const ir::Graph& g_;
+};
+
+/// A compiled graph on the CPU: the fused plan, run by the executor over CpuSteps.
+class CpuGraphProgram final : public fuse::GraphProgram {
 public:
     CpuGraphProgram(ir::Graph g, fuse::Plan plan, bool plan_memory = true)
-        : g_(std::move(g)), plan_(std::move(plan)) {
-        if (plan_memory) plan_buffers();
-    }
+        : g_(std::move(g)), plan_(std::move(plan)), memory_(fuse::plan_memory(g_, plan_, plan_memory)) {}
 
-    const ir::Graph& graph() const { return g_; }
-    const fuse::Plan& plan() const { return plan_; }
+    const ir::Graph& graph() const override { return g_; }
+    const fuse::Plan& plan() const override { return plan_; }
 
     /// Buffers the memory plan shares between intermediates (0 without a plan).
-    int planned_buffers() const { return static_cast<int>(slot_bytes_.size()); }
+    int planned_buffers() const { return static_cast<int>(memory_.slot_bytes.size()); }
 
-    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const {
+    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const override {
         std::vector<Tensor> vals(static_cast<std::size_t>(g_.size()));
         // the planned buffers, unless another thread is running this program right now
         std::unique_lock arena_lock(arena_mu_, std::try_to_lock);
-        if (arena_lock.owns_lock() && !slot_of_.empty()) {
+        if (arena_lock.owns_lock() && !memory_.slot_of.empty()) {
             if (arena_.empty())
-                for (std::size_t b : slot_bytes_) arena_.push_back(Tensor(Shape{static_cast<std::int64_t>(b)}, DType::boolean));
+                for (std::size_t b : memory_.slot_bytes) arena_.push_back(Tensor(Shape{static_cast<std::int64_t>(b)}, DType::boolean));
             for (int i = 0; i < g_.size(); ++i) {
-                const int sl = slot_of_[static_cast<std::size_t>(i)];
+                const int sl = memory_.slot_of[static_cast<std::size_t>(i)];
                 if (sl < 0) continue;
                 const Tensor& a = arena_[static_cast<std::size_t>(sl)];
                 vals[static_cast<std::size_t>(i)] = Tensor(a.storage(), 0, g_[i].shape, contiguous_strides(g_[i].shape), g_[i].dtype);
@@ -497,68 +505,33 @@ public:
         for (std::size_t k = 0; k < g_.inputs.size(); ++k) vals[static_cast<std::size_t>(g_.inputs[k])] = inputs[k];
         for (int i = 0; i < g_.size(); ++i)
             if (g_[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = g_[i].tensor;
-        const bool profile = debug::log_on("profile");
-        for (const fuse::Group& G : plan_.groups) {
-            const auto t0 = std::chrono::steady_clock::now();
-            run_group(G, vals);
-            if (profile) {
-                const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-                std::string nodes;
-                for (int j : G.nodes) nodes += " %" + std::to_string(j);
-                debug::log("profile", std::string(fuse::group_kind_name(G.kind)) + " {" + nodes + " }: " + std::to_string(us) + " us");
-            }
-        }
-        std::vector<Tensor> out;
-        out.reserve(g_.outputs.size());
-        for (int o : g_.outputs) out.push_back(vals[static_cast<std::size_t>(o)]);
-        return out;
+        CpuSteps steps(g_);
+        return fuse::execute(g_, plan_, &memory_, vals, steps);
+    }
+
+    /// Each input shape gets its own program: the memory plan's buffers follow the shapes.
+    std::shared_ptr<const fuse::GraphProgram> reshaped(ir::Graph g, fuse::Plan p) const override {
+        return std::make_shared<CpuGraphProgram>(std::move(g), std::move(p));
     }
 
 private:
-    void run_group(const fuse::Group& G, std::vector<Tensor>& vals) const {
-        {
-            switch (G.kind) {
-                case fuse::Group::Kind::elementwise: run_elementwise_group(g_, G, vals); break;
-                case fuse::Group::Kind::row: run_row_group(g_, G, vals); break;
-                case fuse::Group::Kind::reduce: run_reduce_group(g_, G, vals); break;
-                case fuse::Group::Kind::matmul: {
-                    const ir::Node& n = g_[G.outputs[0]];
-                    vals[static_cast<std::size_t>(G.outputs[0])] =
-                        cpu_matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])]);
-                    break;
-                }
-                case fuse::Group::Kind::call: {
-                    vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g_[G.outputs[0]], vals);
-                    break;
-                }
-                case fuse::Group::Kind::write: run_write_group(g_, G, vals); break;
-                case fuse::Group::Kind::view: {
-                    const ir::Node& n = g_[G.outputs[0]];
-                    const Tensor src = vals[static_cast<std::size_t>(n.in[0])].contiguous();
-                    vals[static_cast<std::size_t>(G.outputs[0])] =
-                        Tensor(src.storage(), src.offset() + static_cast<std::int64_t>(n.value), n.shape, n.args, n.dtype);
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Memory planning (fuse/memory_plan.hpp): each intermediate a group writes and only later
-    /// groups read gets a buffer slot, reused once every reader of its value has run. Outputs, and
-    /// values an output views, keep memory of their own. A steady-state call then allocates
-    /// nothing but its outputs.
-    void plan_buffers() {
-        fuse::MemoryPlan m = fuse::plan_memory(g_, plan_);
-        slot_of_ = std::move(m.slot_of);
-        slot_bytes_ = std::move(m.slot_bytes);
-    }
-
     ir::Graph g_;
     fuse::Plan plan_;
-    std::vector<int> slot_of_;             ///< node -> buffer slot, -1 for none
-    std::vector<std::size_t> slot_bytes_;  ///< bytes of each slot
+    /// memory planning (fuse/memory_plan.hpp): each intermediate a group writes and only later
+    /// groups read gets a buffer slot, reused once every reader of its value has run; outputs, and
+    /// values an output views, keep memory of their own. A steady-state call then allocates
+    /// nothing but its outputs.
+    fuse::MemoryPlan memory_;
     mutable std::mutex arena_mu_;
     mutable std::vector<Tensor> arena_;
+};
+
+/// The CPU as a device for compile.
+class CpuBackend final : public fuse::DeviceBackend {
+public:
+    std::shared_ptr<const fuse::GraphProgram> program(ir::Graph g, fuse::Plan plan) const override {
+        return std::make_shared<CpuGraphProgram>(std::move(g), std::move(plan));
+    }
 };
 
 }  // namespace kiln::detail

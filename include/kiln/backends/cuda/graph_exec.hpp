@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -18,11 +17,13 @@
 #include <vector>
 
 #include "kiln/backends/cuda/codegen.hpp"
+#include "kiln/backends/cuda/graphs.hpp"
 #include "kiln/backends/cuda/driver.hpp"
 #include "kiln/backends/cuda/blas.hpp"
 #include "kiln/backends/cuda/kernel_cache.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/debug/logs.hpp"
+#include "kiln/fuse/execute.hpp"
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/fuse/memory_plan.hpp"
 
@@ -531,8 +532,61 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
           static_cast<unsigned>(std::min<std::int64_t>(lay.rows, static_cast<std::int64_t>(sms) * 32)), 256);
 }
 
-/// A compiled graph on a CUDA device: the fused plan, one generated kernel per kernel group.
-class CudaGraphProgram {
+/// A matmul group: the GEMM with the epilogue the fuser gave it (bias, relu, gelu_tanh), into
+/// the output's memory when the caller supplied it.
+inline void run_matmul_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
+    const ir::Node& mm = g[G.nodes[0]];
+    const Epilogue epi{G.act >= 0 ? act_of_op(g[G.act].op).value() : Act::none, G.bias >= 0};
+    Tensor bias;
+    if (G.bias >= 0) {
+        const Tensor& b = vals[static_cast<std::size_t>(G.bias)];
+        bias = b.contiguous().view({b.size(-1)});
+    }
+    const Tensor& a = vals[static_cast<std::size_t>(mm.in[0])];
+    const Tensor& b = vals[static_cast<std::size_t>(mm.in[1])];
+    Tensor& out = vals[static_cast<std::size_t>(G.outputs[0])];
+    if (out.defined() && out.is_contiguous())
+        kiln::cuda::matmul_out(out, a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
+    else
+        out = kiln::cuda::matmul(a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
+}
+
+/// CUDA's steps for the executor (fuse/execute.hpp): one generated kernel per kernel group,
+/// launched through a Launcher (kernels not compiled yet are compiled together at the next
+/// flush), matmuls through cuBLASLt.
+class CudaSteps final : public fuse::Steps {
+public:
+    CudaSteps(const ir::Graph& g, int device, const std::vector<std::unique_ptr<KernelMemo>>& memos, Launcher& launcher)
+        : g_(g), device_(device), memos_(memos), L_(launcher) {}
+    void kernel(std::size_t k, const fuse::Group& G, std::vector<Tensor>& vals) override {
+        switch (G.kind) {
+            case fuse::Group::Kind::elementwise: run_elementwise(g_, G, vals, device_, *memos_[2 * k], L_); break;
+            case fuse::Group::Kind::row: run_row(g_, G, vals, device_, *memos_[2 * k], L_); break;
+            case fuse::Group::Kind::reduce: run_reduce(g_, G, vals, device_, *memos_[2 * k], *memos_[2 * k + 1], L_); break;
+            case fuse::Group::Kind::matmul:
+                L_.flush();  // cuBLASLt queues its kernels behind everything before it
+                run_matmul_group(g_, G, vals);
+                break;
+            default: throw InternalError("kiln: the CUDA executor got a non-kernel step as a kernel");
+        }
+    }
+    void flush() override { L_.flush(); }
+    bool issued() const override { return L_.idle(); }
+    Tensor output(std::vector<Tensor>&, int, const Shape& shape, DType dtype) override { return new_on(shape, dtype, device_); }
+    bool on_device(const Tensor& t) const override { return t.device() == Device::cuda(device_); }
+    void wait() override { synchronize(device_); }
+    std::string name() const override { return "cuda:" + std::to_string(device_); }
+
+private:
+    const ir::Graph& g_;
+    int device_;
+    const std::vector<std::unique_ptr<KernelMemo>>& memos_;
+    Launcher& L_;
+};
+
+/// A compiled graph on a CUDA device: the fused plan, one generated kernel per kernel group, run
+/// by the executor over CudaSteps.
+class CudaGraphProgram final : public fuse::GraphProgram, public std::enable_shared_from_this<CudaGraphProgram> {
 public:
     CudaGraphProgram(ir::Graph g, fuse::Plan plan, int device)
         : g_(std::move(g)), plan_(std::move(plan)), device_(device), memos_(plan_.groups.size() * 2),
@@ -540,13 +594,14 @@ public:
         for (auto& m : memos_) m = std::make_unique<KernelMemo>();
     }
 
-    const ir::Graph& graph() const { return g_; }
-    const fuse::Plan& plan() const { return plan_; }
+    const ir::Graph& graph() const override { return g_; }
+    const fuse::Plan& plan() const override { return plan_; }
     int device() const { return device_; }
 
+    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const override { return run_graph(g_, plan_, inputs); }
     /// Runs the program on inputs (on this program's device); returns the outputs.
     /// `into` (optional): a contiguous tensor of the first output's shape and dtype to write it into.
-    std::vector<Tensor> run(const std::vector<Tensor>& inputs, const Tensor* into = nullptr) const {
+    std::vector<Tensor> run(const std::vector<Tensor>& inputs, const Tensor* into) const {
         return run_graph(g_, plan_, inputs, into);
     }
 
@@ -568,110 +623,69 @@ public:
                                   " is on " + t.device().str() + " but the program runs on cuda:" + std::to_string(device_) +
                                   " (move it with .to(device))");
         }
-        const bool profile = debug::log_on("profile");
         // each intermediate is dropped after its last reader (fuse/memory_plan.hpp): the
         // stream-ordered allocator gives its block to a later value of this stream, so the call's
-        // peak memory is its live set. Only once every launch so far is queued: a launch still
-        // waiting for its kernel's compile must not find its operand's block reused.
+        // peak memory is its live set. Only once every launch so far is queued (Steps::issued): a
+        // launch still waiting for its kernel's compile must not find its operand's block reused.
         const fuse::MemoryPlan other = &plan == &plan_ ? fuse::MemoryPlan{} : fuse::plan_memory(g, plan, false);
         const fuse::MemoryPlan& mem = &plan == &plan_ ? memory_ : other;
-        std::vector<int> dead;
         Launcher L(device_);
-        for (std::size_t k = 0; k < plan.groups.size(); ++k) {
-            const fuse::Group& G = plan.groups[k];
-            const auto t0 = std::chrono::steady_clock::now();
-            switch (G.kind) {
-                case fuse::Group::Kind::elementwise: run_elementwise(g, G, vals, device_, *memos_[2 * k], L); break;
-                case fuse::Group::Kind::row: run_row(g, G, vals, device_, *memos_[2 * k], L); break;
-                case fuse::Group::Kind::reduce: run_reduce(g, G, vals, device_, *memos_[2 * k], *memos_[2 * k + 1], L); break;
-                case fuse::Group::Kind::matmul: {
-                    L.flush();  // cuBLASLt queues its kernels behind everything before it
-                    run_matmul_group(g, G, vals);
-                    break;
-                }
-                case fuse::Group::Kind::write: {
-                    L.flush();  // the copies queue behind everything before them
-                    run_write_group(g, G, vals, device_);
-                    break;
-                }
-                case fuse::Group::Kind::call: {
-                    L.flush();  // the op queues its work behind everything before it
-                    vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g[G.outputs[0]], vals);
-                    break;
-                }
-                case fuse::Group::Kind::view: {
-                    const ir::Node& n = g[G.outputs[0]];
-                    const Tensor& in = vals[static_cast<std::size_t>(n.in[0])];
-                    if (!in.is_contiguous()) L.flush();  // the copy below runs behind its producer
-                    const Tensor src = in.contiguous();
-                    vals[static_cast<std::size_t>(G.outputs[0])] =
-                        Tensor(src.storage(), src.offset() + static_cast<std::int64_t>(n.value), n.shape, n.args, n.dtype);
-                    break;
-                }
-            }
-            dead.insert(dead.end(), mem.dead_after[k].begin(), mem.dead_after[k].end());
-            if (L.idle()) {
-                for (int i : dead) vals[static_cast<std::size_t>(i)] = Tensor();
-                dead.clear();
-            }
-            if (profile) {
-                L.flush();
-                synchronize(device_);
-                const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-                debug::log("profile", std::string("cuda ") + fuse::group_kind_name(G.kind) + " group " + std::to_string(k) + ": " +
-                                          std::to_string(us) + " us");
-            }
-        }
-        L.flush();
-        std::vector<Tensor> out;
-        out.reserve(g.outputs.size());
-        for (int o : g.outputs) out.push_back(vals[static_cast<std::size_t>(o)]);
-        return out;
+        CudaSteps steps(g, device_, memos_, L);
+        return fuse::execute(g, plan, &mem, vals, steps);
     }
+
+    /// The kernels are shape-generic: a plan that groups the same way runs on this program's
+    /// kernels (its graph and plan per call); one that groups differently gets kernels of its own.
+    /// (Declared inline here: a virtual function defined inline only later would be this class's
+    /// key function, and every translation unit would emit the vtable and the whole executor.)
+    inline std::shared_ptr<const fuse::GraphProgram> reshaped(ir::Graph g, fuse::Plan p) const override;
 
 private:
-    /// A matmul group: the GEMM with the epilogue the fuser gave it (bias, relu, gelu_tanh), into
-    /// the output's memory when the caller supplied it.
-    static void run_matmul_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
-        const ir::Node& mm = g[G.nodes[0]];
-        const Epilogue epi{G.act >= 0 ? act_of_op(g[G.act].op).value() : Act::none, G.bias >= 0};
-        Tensor bias;
-        if (G.bias >= 0) {
-            const Tensor& b = vals[static_cast<std::size_t>(G.bias)];
-            bias = b.contiguous().view({b.size(-1)});
-        }
-        const Tensor& a = vals[static_cast<std::size_t>(mm.in[0])];
-        const Tensor& b = vals[static_cast<std::size_t>(mm.in[1])];
-        Tensor& out = vals[static_cast<std::size_t>(G.outputs[0])];
-        if (out.defined() && out.is_contiguous())
-            kiln::cuda::matmul_out(out, a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
-        else
-            out = kiln::cuda::matmul(a, b, epi, G.bias >= 0 ? &bias : nullptr, mm.loc);
-    }
-
-    /// A write into a view of a value: the base copied (unless the write may take its memory),
-    /// then the value stored through the view (a kernel with a strided output).
-    static void run_write_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device) {
-        const int o = G.outputs[0];
-        const ir::Node& n = g[o];
-        const Tensor& base = vals[static_cast<std::size_t>(n.in[0])];
-        const Tensor& src = vals[static_cast<std::size_t>(n.in[1])];
-        Tensor out;
-        if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype && base.device() == Device::cuda(device)) {
-            out = base;
-        } else {
-            out = new_on(n.shape, n.dtype, device);
-            out.copy_(base);
-        }
-        Tensor(out.storage(), out.offset() + static_cast<std::int64_t>(n.value), src.shape(), n.args, n.dtype).copy_(src);
-        vals[static_cast<std::size_t>(o)] = out;
-    }
-
     ir::Graph g_;
     fuse::Plan plan_;
     int device_;
     std::vector<std::unique_ptr<KernelMemo>> memos_;  ///< two per group (main kernel, combine)
     fuse::MemoryPlan memory_;                         ///< liveness of plan_'s values
+};
+
+/// A CudaGraphProgram's kernels run over another shape's graph and plan (same grouping).
+class ReshapedCudaProgram final : public fuse::GraphProgram {
+public:
+    ReshapedCudaProgram(std::shared_ptr<const CudaGraphProgram> base, ir::Graph g, fuse::Plan p)
+        : base_(std::move(base)), g_(std::move(g)), plan_(std::move(p)) {}
+    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const override { return base_->run_graph(g_, plan_, inputs); }
+    const ir::Graph& graph() const override { return g_; }
+    const fuse::Plan& plan() const override { return plan_; }
+    std::shared_ptr<const fuse::GraphProgram> reshaped(ir::Graph g, fuse::Plan p) const override { return base_->reshaped(std::move(g), std::move(p)); }
+
+private:
+    std::shared_ptr<const CudaGraphProgram> base_;
+    ir::Graph g_;
+    fuse::Plan plan_;
+};
+
+inline std::shared_ptr<const fuse::GraphProgram> CudaGraphProgram::reshaped(ir::Graph g, fuse::Plan p) const {
+    if (!fuse::same_grouping(p, plan_)) return std::make_shared<CudaGraphProgram>(std::move(g), std::move(p), device_);
+    return std::make_shared<ReshapedCudaProgram>(shared_from_this(), std::move(g), std::move(p));  // holds this program (its kernels)
+}
+
+/// A CUDA device as a device for compile.
+class CudaBackend final : public fuse::DeviceBackend {
+public:
+    explicit CudaBackend(int device) : device_(device) {}
+    std::shared_ptr<const fuse::GraphProgram> program(ir::Graph g, fuse::Plan plan) const override {
+        return std::make_shared<CudaGraphProgram>(std::move(g), std::move(plan), device_);
+    }
+    void adjust_plan(const ir::Graph& g, fuse::Plan& plan) const override {
+        fuse::absorb_matmul_epilogues(g, plan);  // cuBLASLt applies bias, relu and gelu_tanh
+    }
+    fuse::Executable replayed(fuse::Executable e) const override {
+        auto replay = std::make_shared<GraphReplay>(std::move(e), device_);
+        return [replay](const std::vector<Tensor>& in) { return (*replay)(in); };
+    }
+
+private:
+    int device_;
 };
 
 }  // namespace kiln::cuda::detail
