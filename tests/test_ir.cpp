@@ -367,7 +367,7 @@ TEST_CASE("the executor (fuse/execute.hpp): kernel steps to the device in plan o
         for (int i = 0; i < opt.size(); ++i)
             if (opt[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = opt[i].tensor;
         RecordingSteps steps(opt, issued);
-        const std::vector<Tensor> out = kiln::fuse::execute(opt, plan, &mem, vals, steps);
+        const std::vector<Tensor> out = kiln::fuse::execute(opt, plan, mem, vals, steps);
         REQUIRE(out.size() == 1);
         CHECK(kiln_test::maxdiff(out[0], expected) < 1e-5);
 

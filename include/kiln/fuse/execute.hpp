@@ -62,9 +62,9 @@ inline void run_write_step(const ir::Graph& g, const Group& G, std::vector<Tenso
 }
 
 /// Runs plan over vals (inputs and constants bound; planned buffers may be bound too): each group
-/// in order, dropping each intermediate after its last reader (mem.dead_after; null: none dropped)
-/// once every step so far has been issued. Returns the graph's outputs.
-inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const MemoryPlan* mem, std::vector<Tensor>& vals,
+/// in order, dropping each intermediate after its last reader (mem.dead_after, mem the memory
+/// plan of plan) once every step so far has been issued. Returns the graph's outputs.
+inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const MemoryPlan& mem, std::vector<Tensor>& vals,
                                    Steps& s) {
     const bool profile = debug::log_on("profile");
     std::vector<int> dead;
@@ -94,12 +94,10 @@ inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const M
                 break;
             }
         }
-        if (mem) {
-            dead.insert(dead.end(), mem->dead_after[k].begin(), mem->dead_after[k].end());
-            if (s.issued()) {
-                for (int i : dead) vals[static_cast<std::size_t>(i)] = Tensor();
-                dead.clear();
-            }
+        dead.insert(dead.end(), mem.dead_after[k].begin(), mem.dead_after[k].end());
+        if (s.issued()) {
+            for (int i : dead) vals[static_cast<std::size_t>(i)] = Tensor();
+            dead.clear();
         }
         if (profile) {
             s.flush();

@@ -506,7 +506,7 @@ public:
         for (int i = 0; i < g_.size(); ++i)
             if (g_[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = g_[i].tensor;
         CpuSteps steps(g_);
-        return fuse::execute(g_, plan_, &memory_, vals, steps);
+        return fuse::execute(g_, plan_, memory_, vals, steps);
     }
 
     /// Each input shape gets its own program: the memory plan's buffers follow the shapes.

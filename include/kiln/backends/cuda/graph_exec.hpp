@@ -598,17 +598,19 @@ public:
     const fuse::Plan& plan() const override { return plan_; }
     int device() const { return device_; }
 
-    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const override { return run_graph(g_, plan_, inputs); }
+    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const override { return run_graph(g_, plan_, memory_, inputs); }
     /// Runs the program on inputs (on this program's device); returns the outputs.
     /// `into` (optional): a contiguous tensor of the first output's shape and dtype to write it into.
     std::vector<Tensor> run(const std::vector<Tensor>& inputs, const Tensor* into) const {
-        return run_graph(g_, plan_, inputs, into);
+        return run_graph(g_, plan_, memory_, inputs, into);
     }
 
-    /// Runs with the graph's shapes re-derived for these inputs (dynamic dims): the same kernels
-    /// serve every size, since kernels take sizes as parameters.
-    std::vector<Tensor> run_graph(const ir::Graph& g, const fuse::Plan& plan, const std::vector<Tensor>& inputs,
-                                  const Tensor* into = nullptr) const {
+    /// Runs this program's kernels over g and plan (this program's, or those of a reshaped
+    /// instance: the graph's shapes re-derived for other inputs, its plan grouping the same way),
+    /// with mem the memory plan of that plan: the same kernels serve every size, since kernels
+    /// take sizes as parameters.
+    std::vector<Tensor> run_graph(const ir::Graph& g, const fuse::Plan& plan, const fuse::MemoryPlan& mem,
+                                  const std::vector<Tensor>& inputs, const Tensor* into = nullptr) const {
         use_device(device_);
         std::vector<Tensor> vals(static_cast<std::size_t>(g.size()));
         if (into && !g.outputs.empty()) vals[static_cast<std::size_t>(g.outputs[0])] = *into;
@@ -627,11 +629,9 @@ public:
         // stream-ordered allocator gives its block to a later value of this stream, so the call's
         // peak memory is its live set. Only once every launch so far is queued (Steps::issued): a
         // launch still waiting for its kernel's compile must not find its operand's block reused.
-        const fuse::MemoryPlan other = &plan == &plan_ ? fuse::MemoryPlan{} : fuse::plan_memory(g, plan, false);
-        const fuse::MemoryPlan& mem = &plan == &plan_ ? memory_ : other;
         Launcher L(device_);
         CudaSteps steps(g, device_, memos_, L);
-        return fuse::execute(g, plan, &mem, vals, steps);
+        return fuse::execute(g, plan, mem, vals, steps);
     }
 
     /// The kernels are shape-generic: a plan that groups the same way runs on this program's
@@ -652,8 +652,8 @@ private:
 class ReshapedCudaProgram final : public fuse::GraphProgram {
 public:
     ReshapedCudaProgram(std::shared_ptr<const CudaGraphProgram> base, ir::Graph g, fuse::Plan p)
-        : base_(std::move(base)), g_(std::move(g)), plan_(std::move(p)) {}
-    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const override { return base_->run_graph(g_, plan_, inputs); }
+        : base_(std::move(base)), g_(std::move(g)), plan_(std::move(p)), memory_(fuse::plan_memory(g_, plan_, false)) {}
+    std::vector<Tensor> run(const std::vector<Tensor>& inputs) const override { return base_->run_graph(g_, plan_, memory_, inputs); }
     const ir::Graph& graph() const override { return g_; }
     const fuse::Plan& plan() const override { return plan_; }
     std::shared_ptr<const fuse::GraphProgram> reshaped(ir::Graph g, fuse::Plan p) const override { return base_->reshaped(std::move(g), std::move(p)); }
@@ -662,6 +662,7 @@ private:
     std::shared_ptr<const CudaGraphProgram> base_;
     ir::Graph g_;
     fuse::Plan plan_;
+    fuse::MemoryPlan memory_;  ///< liveness of plan_'s values, planned once (not per call)
 };
 
 inline std::shared_ptr<const fuse::GraphProgram> CudaGraphProgram::reshaped(ir::Graph g, fuse::Plan p) const {
