@@ -77,6 +77,23 @@ TEST_CASE("cuda: an expression statement is one kernel and matches the CPU" * do
     }
 }
 
+TEST_CASE("cuda: statements of one expression type that read their tensors differently are different programs" *
+          doctest::skip(kiln_test::no_cuda())) {
+    // x * y + x and x * y + y have one C++ type, the same distinct inputs, shapes and dtypes: the
+    // statement cache must still tell them apart (by which input each leaf reads)
+    const Tensor x = randn({64, 33}), y = randn({64, 33});
+    const Tensor xc = cu(x), yc = cu(y);
+    auto first = [](const Tensor& a, const Tensor& b, const Tensor& c) { return Tensor(a * b + c); };
+    const Tensor g1 = first(xc, yc, xc), g2 = first(xc, yc, yc), g3 = first(yc, xc, xc);
+    CHECK(rel_err(g1, Tensor(x * y + x)) < 1e-6);
+    CHECK(rel_err(g2, Tensor(x * y + y)) < 1e-6);
+    CHECK(rel_err(g3, Tensor(y * x + x)) < 1e-6);
+    // and a reduction of such a statement
+    auto red = [](const Tensor& a, const Tensor& b, const Tensor& c) { return kiln::sum(a * b - c, {1}); };
+    CHECK(rel_err(red(xc, yc, xc), kiln::sum(x * y - x, {1})) < 1e-5);
+    CHECK(rel_err(red(xc, yc, yc), kiln::sum(x * y - y, {1})) < 1e-5);
+}
+
 TEST_CASE("cuda: transposed, strided, broadcast and misaligned operands" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = randn({300, 200}), c = randn({200, 1}), s = randn({301});
     const Tensor ad = cu(a), cd = cu(c), sd = cu(s);

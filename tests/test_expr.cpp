@@ -107,10 +107,10 @@ TEST_CASE("integer statements run on the tile interpreter (one SIMD loop per flo
     const Tensor c = kiln::randint(-(1LL << 40), 1LL << 40, {37, 65}, DType::i64);
     auto e32 = kiln::floor_divide(a * b - 7, b) + kiln::abs(a) % b;  // i32: mul, sub, floor division, abs, remainder
     auto e64 = kiln::maximum(c * 3, c - 5) + (c > 0);
-    const kiln::expr::Evaluator<std::remove_cvref_t<decltype(e32)>> ev32(e32, e32.info.shape, {}, {});
+    const kiln::expr::EvalState ev32(kiln::expr::flatten(e32), kiln::expr::fused_of(e32), e32.info.shape);
     CHECK_FALSE(ev32.fused());
     CHECK(ev32.ct() == DType::i32);
-    const kiln::expr::Evaluator<std::remove_cvref_t<decltype(e64)>> ev64(e64, e64.info.shape, {}, {});
+    const kiln::expr::EvalState ev64(kiln::expr::flatten(e64), kiln::expr::fused_of(e64), e64.info.shape);
     CHECK_FALSE(ev64.fused());
     const Tensor r32 = e32, r64 = e64;
     REQUIRE(r32.dtype() == DType::i32);
@@ -131,8 +131,42 @@ TEST_CASE("integer statements run on the tile interpreter (one SIMD loop per flo
     const Tensor x = kiln::randn({37, 65}), xd = kiln::randn({37, 65}, DType::f64);
     auto ef = x * 2 + 1;
     auto ed = kiln::exp(xd) - xd;
-    CHECK(kiln::expr::Evaluator<std::remove_cvref_t<decltype(ef)>>(ef, ef.info.shape, {}, {}).fused());
-    CHECK(kiln::expr::Evaluator<std::remove_cvref_t<decltype(ed)>>(ed, ed.info.shape, {}, {}).fused());
+    CHECK(kiln::expr::EvalState(kiln::expr::flatten(ef), kiln::expr::fused_of(ef), ef.info.shape).fused() == (KILN_FUSED_LOOPS != 0));
+    CHECK(kiln::expr::EvalState(kiln::expr::flatten(ed), kiln::expr::fused_of(ed), ed.info.shape).fused() == (KILN_FUSED_LOOPS != 0));
+}
+
+TEST_CASE("an expression's flat form: walk order, and the interpreter agrees with the fused loop (KILN_FUSED_LOOPS=0)") {
+    const Tensor x = kiln::randn({33, 70}), y = kiln::randn({70}), xd = kiln::randn({33, 70}, DType::f64);
+    auto e = kiln::where(x > y, kiln::sin(x) * 2.5, y - x) + kiln::exp(-(x * x));
+    const kiln::expr::Flat f = kiln::expr::flatten(e);
+    // post-order: operands left to right, then their node; scalars carry their reader's compute type
+    using K = kiln::expr::Flat::Kind;
+    std::string walk;
+    for (const auto& it : f.items)
+        walk += it.kind == K::tensor ? "t" + std::to_string(it.index)
+                : it.kind == K::scalar ? "s" + std::to_string(it.index)
+                                       : "(" + std::string(kiln::ops::op_name(it.op)) + ")";
+    CHECK(walk == "t0t1(gt)t2(sin)s0(mul)t3t4(sub)(where)t5t6(mul)(neg)(exp)(add)");
+    CHECK(f.leaves == 7);
+    CHECK(f.scalars == 1);
+    CHECK(f.items[5].parent_ct == DType::f32);
+    CHECK(f.root().info == &e.info);
+    // the same statement through the fused loop, the tile interpreter (what KILN_FUSED_LOOPS=0
+    // gives every statement) and eager; and a reduction of it both ways
+    auto check = [](const auto& expr) {
+        const kiln::expr::Flat fl = kiln::expr::flatten(expr);
+        const Tensor fused = expr;
+        Tensor interp(expr.info.shape, expr.info.dtype);
+        kiln::expr::evaluate_into(fl, kiln::expr::Fused{}, interp);
+        CHECK(maxdiff(fused, interp) <= 1e-6);
+        CHECK(maxdiff(fused, kiln::eager(expr)) <= 1e-6);
+        const Tensor rf = kiln::detail::reduce_flat<kiln::ops::SumR>(fl, kiln::expr::fused_of(expr), {1}, false, std::source_location::current());
+        const Tensor ri = kiln::detail::reduce_flat<kiln::ops::SumR>(fl, kiln::expr::Fused{}, {1}, false, std::source_location::current());
+        CHECK(maxdiff(rf, ri) <= 1e-4);
+    };
+    check(e);
+    check(kiln::exp(xd) * 0.5 - xd / 3);
+    CHECK_FALSE(kiln::expr::EvalState(f, kiln::expr::Fused{}, e.info.shape).fused());
 }
 
 TEST_CASE("type promotion: C++ numbers act like Python scalars") {

@@ -291,7 +291,7 @@ void check_node(const Node& node, const std::vector<Tensor>& in, DType attr, con
     // kiln::compile over the same op: traced from the leaves, optimized, fused and run
     std::vector<const Tensor*> leaf_ptrs;
     std::vector<double> scalars;
-    expr::collect(node, leaf_ptrs, scalars);
+    expr::collect(expr::flatten(node), leaf_ptrs, scalars);
     std::vector<Tensor> leaves;
     for (const Tensor* t : leaf_ptrs) leaves.push_back(*t);
     auto compiled_fn = kiln::compile([&node](const std::vector<Tensor>& ts) {

@@ -18,3 +18,12 @@
 #else
 #define KILN_DECL inline
 #endif
+
+// KILN_FUSED_LOOPS: 1 (the default) gives every expression type whose tree computes in f32 or
+// f64 its own fused SIMD loop, instantiated where the expression is evaluated: the fastest CPU
+// evaluation, and most of an expression's compile time. 0 runs every expression on the tile
+// interpreter (one pass over tiles, no intermediate tensors, compiled once): faster builds.
+// Define it the same way in every translation unit of a program.
+#ifndef KILN_FUSED_LOOPS
+#define KILN_FUSED_LOOPS 1
+#endif

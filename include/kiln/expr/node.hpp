@@ -6,6 +6,8 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kiln/core/tensor.hpp"
 #include "kiln/tables/op_table.hpp"
@@ -93,102 +95,35 @@ template <class A> Info info_of(const A& a) {
     else return a.info;
 }
 
-/// Shape, dtype and compute type of Op over args (torch's broadcasting and promotion).
+/// One operand of an op node as shape inference sees it: a tensor or node (its Info), or a
+/// C++ number.
+struct OperandInfo {
+    const Info* info = nullptr;
+    const Scalar* scalar = nullptr;
+};
+
+/// Shape, dtype and compute type of table op `op` over its operands (torch's broadcasting and
+/// promotion), the first fault in the operands or of this node recorded in the result. Compiled
+/// once (not once per node type).
+KILN_DECL Info infer_node(ops::OpId op, const OperandInfo* operands, int n, DType attr);
+
+inline OperandInfo operand_info(const TensorLeaf& a, Info& own) {
+    own = a.info();
+    return {&own, nullptr};
+}
+inline OperandInfo operand_info(const ScalarLeaf& a, Info&) { return {nullptr, &a.s}; }
+template <class Op, class... A>
+OperandInfo operand_info(const Node<Op, A...>& a, Info&) { return {&a.info, nullptr}; }
+
+/// Shape, dtype and compute type of Op over args.
 template <class Op, class... A>
 Info infer(const std::tuple<A...>& args, DType attr) {
-    using ops::DTypeRule;
-    Info out;
-    out.agnostic = false;
-    // the first fault in the operands wins
-    bool fault = false;
-    std::apply([&](const auto&... a) {
-        ([&] {
-            if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(a)>, ScalarLeaf>) {
-                const Info& i = info_of(a);
-                if (!fault && !i.ok()) { out.fault = i.fault; out.error = i.error; fault = true; }
-            }
-        }(), ...);
-    }, args);
-    if (fault) return out;
-    auto fail = [&](Info::Fault f, std::string msg) {
-        out.fault = f;
-        out.error = std::make_shared<const std::string>("kiln::" + std::string(Op::name) + ": " + msg);
-        return out;
-    };
-    // broadcast shapes
-    std::string shapes;
-    bool first = true, bad = false;
-    std::apply([&](const auto&... a) {
-        ([&] {
-            if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(a)>, ScalarLeaf>) {
-                const Shape& s = info_of(a).shape;
-                shapes += (shapes.empty() ? "" : " with ") + s.str();
-                if (first) { out.shape = s; first = false; }
-                else if (!bad && !kiln::detail::try_broadcast(out.shape, s, out.shape)) bad = true;
-            }
-        }(), ...);
-    }, args);
-    if (bad) return fail(Info::Fault::shape, "cannot broadcast " + shapes);
-    // promote dtypes (where: the condition does not take part)
-    kiln::detail::ResultType rt;
-    std::string dtypes;
-    int k = 0;
-    DType cond = DType::boolean;
-    std::apply([&](const auto&... a) {
-        ([&] {
-            using X = std::remove_cvref_t<decltype(a)>;
-            const bool skip = Op::rule == DTypeRule::where && k == 0;
-            if constexpr (std::is_same_v<X, ScalarLeaf>) {
-                dtypes += (dtypes.empty() ? "" : ", ") + std::string("scalar");
-                if (!skip) rt.scalar(a.s);
-            } else {
-                const Info& i = info_of(a);
-                dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(i.dtype));
-                if (skip) cond = i.dtype;
-                else rt.tensor(i.dtype, i.shape.rank() == 0);
-            }
-            ++k;
-        }(), ...);
-    }, args);
-    if (Op::rule == DTypeRule::where && cond != DType::boolean)
-        return fail(Info::Fault::dtype, "the condition must be bool, got " + std::string(dtype_name(cond)));
-    const DType p = rt.result();
-    if (!(Op::allowed_categories & (1u << dtype_category(p))))
-        return fail(Info::Fault::dtype, "not supported for dtype " + std::string(dtype_name(p)) + " (operands: " + dtypes + ")");
-    switch (Op::rule) {
-        case DTypeRule::same: case DTypeRule::where:
-            out.dtype = p;
-            out.ct = compute_dtype(p);
-            out.agnostic = p == DType::boolean;
-            break;
-        case DTypeRule::float_math:
-            out.dtype = is_floating(p) ? p : default_float_dtype;
-            out.ct = compute_dtype(out.dtype);
-            break;
-        case DTypeRule::compare: case DTypeRule::logical:
-            out.dtype = DType::boolean;
-            out.ct = compute_dtype(p);
-            out.agnostic = p == DType::boolean;
-            break;
-        case DTypeRule::cast:
-            out.dtype = attr;
-            out.ct = attr == DType::boolean ? compute_dtype(p) : compute_dtype(attr);
-            out.agnostic = attr == DType::boolean && p == DType::boolean;
-            break;
-    }
-    // the compute type the whole tree shares, if any
-    out.tree_ct = out.agnostic ? Info::tree_none : static_cast<int>(out.ct);
-    std::apply([&](const auto&... a) {
-        ([&] {
-            if constexpr (IsNode<std::remove_cvref_t<decltype(a)>>::value) {
-                const int c = a.info.tree_ct;
-                if (c == Info::tree_none) return;
-                if (out.tree_ct == Info::tree_none) out.tree_ct = c;
-                else if (c != out.tree_ct) out.tree_ct = Info::tree_mixed;
-            }
-        }(), ...);
-    }, args);
-    return out;
+    OperandInfo in[sizeof...(A)];
+    Info own[sizeof...(A)];
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+        ((in[K] = operand_info(std::get<K>(args), own[K])), ...);
+    }(std::index_sequence_for<A...>{});
+    return infer_node(ops::op_id<Op>, in, static_cast<int>(sizeof...(A)), attr);
 }
 
 /// Builds the node for Op over operands (Tensors, expressions, numbers).
@@ -203,5 +138,75 @@ auto make(DType attr, const X&... x) {
     return n;
 }
 
+/// An expression as a flat list of its leaves and nodes, in the order a depth-first walk
+/// finishes them (operands left to right, then their node; the root last). Evaluation, tracing,
+/// the CUDA statement path and eager all read this, compiled once, instead of each walking the
+/// expression's type: an expression type costs its construction and one walk.
+struct Flat {
+    enum class Kind : unsigned char { tensor, scalar, op };
+    struct Item {
+        Kind kind = Kind::op;
+        int arity = 0;                   ///< op: number of operands
+        int in[3] = {-1, -1, -1};        ///< op: its operands' item indices
+        int index = 0;                   ///< tensor: leaf number; scalar: scalar number (walk order)
+        ops::OpId op{};                  ///< op: the table op it runs (ops::op_for_dtype applied)
+        DType attr = DType::f32;         ///< op: cast target
+        DType parent_ct = DType::f32;    ///< scalar: compute type of the op that reads it
+        const Info* info = nullptr;      ///< op: its Info (owned by the expression)
+        const Tensor* tensor = nullptr;  ///< tensor
+        double value = 0;                ///< scalar
+    };
+    std::vector<Item> items;
+    int leaves = 0, scalars = 0;
+
+    const Item& root() const { return items.back(); }
+    const Info& info() const { return *items.back().info; }
+};
+
+inline int flatten_into(const TensorLeaf& e, Flat& f, DType) {
+    Flat::Item it;
+    it.kind = Flat::Kind::tensor;
+    it.index = f.leaves++;
+    it.tensor = &e.t;
+    f.items.push_back(it);
+    return static_cast<int>(f.items.size() - 1);
+}
+inline int flatten_into(const ScalarLeaf& e, Flat& f, DType parent_ct) {
+    Flat::Item it;
+    it.kind = Flat::Kind::scalar;
+    it.index = f.scalars++;
+    it.parent_ct = parent_ct;
+    it.value = e.s.value;
+    f.items.push_back(it);
+    return static_cast<int>(f.items.size() - 1);
+}
+template <class Op, class... A>
+int flatten_into(const Node<Op, A...>& e, Flat& f, DType) {
+    Flat::Item it;
+    it.arity = static_cast<int>(sizeof...(A));
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+        ((it.in[K] = flatten_into(std::get<K>(e.args), f, e.info.ct)), ...);
+    }(std::index_sequence_for<A...>{});
+    it.op = ops::op_for_dtype(ops::op_id<Op>, e.info.dtype);
+    it.attr = e.attr;
+    it.info = &e.info;
+    f.items.push_back(it);
+    return static_cast<int>(f.items.size() - 1);
+}
+
+/// The flat form of expression e (which must outlive it).
+template <class E>
+Flat flatten(const E& e) {
+    static_assert(IsNode<E>::value, "kiln: flatten takes an expression node");
+    Flat f;
+    f.items.reserve(8);
+    flatten_into(e, f, e.info.ct);
+    return f;
+}
+
 }  // namespace expr
 }  // namespace kiln
+
+#if KILN_HEADER_ONLY
+#include "kiln/expr/node_impl.hpp"
+#endif

@@ -56,7 +56,7 @@ inline Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
     }
     // one device: the expression evaluator (a generated kernel on CUDA devices)
     const auto node = cast(expr::may_alias(*this, src) ? src.clone() : src, dtype_);
-    expr::evaluate_into(node, *this);
+    expr::evaluate_into(expr::flatten(node), expr::fused_of(node), *this);
     return *this;
 }
 

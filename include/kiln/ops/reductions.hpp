@@ -62,22 +62,20 @@ auto as_expr(const X& x) {
 
 template <class R> ir::ReduceKind reduce_kind() { return static_cast<ir::ReduceKind>(ops::reduce_id<R>); }
 
-template <class R, class X>
-Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_location& loc) {
-    static_assert(Operand<X> && !std::is_arithmetic_v<X>, "kiln: reductions take a Tensor or a tensor expression");
-    const auto e = as_expr(x);
-    if (!e.info.ok()) e.info.raise(loc);
-    const Shape& s = e.info.shape;
+/// A reduction of the expression f (shape s) over the dims in mask.
+template <class R>
+Tensor reduce_flat(const expr::Flat& f, expr::Fused fused, const Axes& axes, bool keepdim, const std::source_location& loc) {
+    const Shape& s = f.info().shape;
     const unsigned mask = reduce_mask(axes, s.rank(), R::name, loc);
-    const DType out_dtype = ops::reduce_dtype<R>(e.info.dtype);
+    const DType out_dtype = ops::reduce_dtype<R>(f.info().dtype);
     std::int64_t outer, inner;
     const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
-    if (trace::any_traced(e))
-        return trace::record_reduce(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
+    if (expr::any_traced(f))
+        return trace::record_reduce(f, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
                                     out_dtype, loc);
-    if (cuda::detail::on_cuda(e))
-        return cuda::detail::eval_reduce<R>(e, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim,
-                                            ir::reduced_shape(s, mask, keepdim), out_dtype, R::name, loc);
+    if (expr::on_cuda(f))
+        return cuda::detail::eval_reduce(f, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
+                                         out_dtype, R::name, loc);
     Tensor out(ir::reduced_shape(s, mask, keepdim), out_dtype);
     if (inner == 0 && R::needs_elements && outer > 0)
         fail<ValueError>(R::name, "cannot reduce over an empty dimension of shape " + s.str() + " (no identity)", loc);
@@ -86,34 +84,47 @@ Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_loca
         out.fill_(Scalar(static_cast<double>(R::template identity<double>())));
         return out;
     }
-    const expr::Evaluator<std::remove_cvref_t<decltype(e)>> ev(e, s, perm);
+    const expr::EvalState ev(f, fused, s, perm);
     reduce_rows<R>(outer, inner, ev.ct(), [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); }, out);
+    return out;
+}
+
+template <class R, class X>
+Tensor reduce(const X& x, const Axes& axes, bool keepdim, const std::source_location& loc) {
+    static_assert(Operand<X> && !std::is_arithmetic_v<X>, "kiln: reductions take a Tensor or a tensor expression");
+    const auto e = as_expr(x);
+    if (!e.info.ok()) e.info.raise(loc);
+    return reduce_flat<R>(expr::flatten(e), expr::fused_of(e), axes, keepdim, loc);
+}
+
+template <bool Max>
+Tensor arg_reduce_flat(const expr::Flat& f, expr::Fused fused, std::optional<std::int64_t> axis, bool keepdim,
+                       const std::source_location& loc) {
+    const char* op = Max ? "argmax" : "argmin";
+    const Shape& s = f.info().shape;
+    const unsigned mask = axis ? reduce_mask(Axes{*axis}, s.rank(), op, loc) : reduce_mask(Axes{}, s.rank(), op, loc);
+    std::int64_t outer, inner;
+    const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
+    const Shape out_shape = axis ? ir::reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{});
+    if (expr::any_traced(f))
+        return trace::record_reduce(f, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim, out_shape, DType::i64, loc);
+    if (expr::on_cuda(f))
+        return cuda::detail::eval_reduce(f, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim, out_shape, DType::i64, op, loc);
+    Tensor out(out_shape, DType::i64);
+    if (inner == 0 && outer > 0) fail<ValueError>(op, "cannot reduce over an empty dimension of shape " + s.str(), loc);
+    if (outer == 0) return out;
+    const expr::EvalState ev(f, fused, s, perm);
+    arg_reduce_rows<Max>(outer, inner, ev.ct(), [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); },
+                         out.data<std::int64_t>());
     return out;
 }
 
 template <bool Max, class X>
 Tensor arg_reduce(const X& x, std::optional<std::int64_t> axis, bool keepdim, const std::source_location& loc) {
     static_assert(Operand<X> && !std::is_arithmetic_v<X>, "kiln: reductions take a Tensor or a tensor expression");
-    const char* op = Max ? "argmax" : "argmin";
     const auto e = as_expr(x);
     if (!e.info.ok()) e.info.raise(loc);
-    const Shape& s = e.info.shape;
-    const unsigned mask = axis ? reduce_mask(Axes{*axis}, s.rank(), op, loc) : reduce_mask(Axes{}, s.rank(), op, loc);
-    std::int64_t outer, inner;
-    const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
-    const Shape out_shape = axis ? ir::reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{});
-    if (trace::any_traced(e))
-        return trace::record_reduce(e, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim, out_shape, DType::i64, loc);
-    if (cuda::detail::on_cuda(e))
-        return cuda::detail::eval_reduce<std::bool_constant<Max>>(e, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim,
-                                                                  out_shape, DType::i64, op, loc);
-    Tensor out(out_shape, DType::i64);
-    if (inner == 0 && outer > 0) fail<ValueError>(op, "cannot reduce over an empty dimension of shape " + s.str(), loc);
-    if (outer == 0) return out;
-    const expr::Evaluator<std::remove_cvref_t<decltype(e)>> ev(e, s, perm);
-    arg_reduce_rows<Max>(outer, inner, ev.ct(), [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); },
-                         out.data<std::int64_t>());
-    return out;
+    return arg_reduce_flat<Max>(expr::flatten(e), expr::fused_of(e), axis, keepdim, loc);
 }
 
 /// sum(x, axes) / max(0, n - correction), n the number of elements reduced. Traced, it is one
@@ -124,13 +135,14 @@ Tensor mean_reduce(const X& x, const Axes& axes, bool keepdim, double correction
     if (!e.info.ok()) e.info.raise(loc);
     const Shape& s = e.info.shape;
     const unsigned mask = reduce_mask(axes, s.rank(), op, loc);
-    if (trace::any_traced(e))
-        return trace::record_reduce(e, ir::Kind::reduce, ir::ReduceKind::mean, true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
-                                    e.info.dtype, loc, correction);
+    const expr::Flat f = expr::flatten(e);
+    if (expr::any_traced(f))
+        return trace::record_reduce(f, ir::Kind::reduce, ir::ReduceKind::mean, true, mask, keepdim,
+                                    ir::reduced_shape(s, mask, keepdim), e.info.dtype, loc, correction);
     std::int64_t n = 1;
     for (int d = 0; d < s.rank(); ++d)
         if (mask & (1u << d)) n *= s[d];
-    return Tensor(reduce<ops::SumR>(e, axes, keepdim, loc) / std::max(0.0, static_cast<double>(n) - correction), loc);
+    return Tensor(reduce_flat<ops::SumR>(f, expr::fused_of(e), axes, keepdim, loc) / std::max(0.0, static_cast<double>(n) - correction), loc);
 }
 
 template <class X> DType operand_dtype(const X& x) {

@@ -13,6 +13,7 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/function_ref.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/expr/node.hpp"
 #include "kiln/ir/graph.hpp"
@@ -290,57 +291,17 @@ inline unsigned fixed_dims(const Tensor& t) { return t.traced_value()->fixed; }
 inline Tensor copy(const Tensor& t, const std::source_location& loc) { return tracer_of(t, loc).copy(t); }
 
 // ---------------------------------------------------------------- expressions
-template <class E> bool any_traced(const E& e) {
-    if constexpr (std::is_same_v<E, expr::TensorLeaf>) return e.t.is_traced();
-    else if constexpr (std::is_same_v<E, expr::ScalarLeaf>) return false;
-    else return std::apply([](const auto&... a) { return (false || ... || any_traced(a)); }, e.args);
-}
-
 namespace detail {
-/// Records expression e as nodes of tr's graph; each tensor leaf becomes leaf(tensor)'s node.
-template <class E, class Leaf> int lower(Tracer& tr, const E& e, DType parent_ct, Leaf&& leaf) {
-    if constexpr (std::is_same_v<E, expr::TensorLeaf>) {
-        return leaf(e.t);
-    } else if constexpr (std::is_same_v<E, expr::ScalarLeaf>) {
-        return tr.scalar(e.s.value, parent_ct);
-    } else {
-        ir::Node n;
-        n.kind = ir::Kind::elementwise;
-        n.op = ops::op_for_dtype(ops::op_id<typename E::op>, e.info.dtype);
-        n.dtype = e.info.dtype;
-        n.shape = e.info.shape;
-        n.attr = e.attr;
-        std::vector<int> kids;
-        std::apply([&](const auto&... a) { (kids.push_back(lower(tr, a, e.info.ct, leaf)), ...); }, e.args);
-        // agnostic (bool-valued) ops run in the compute type of their first non-scalar operand
-        n.ct = e.info.ct;
-        if (e.info.agnostic) {
-            n.ct = DType::f32;
-            for (int k : kids)
-                if (tr.graph()[k].kind != ir::Kind::scalar && tr.graph()[k].dtype != DType::boolean) {
-                    n.ct = compute_dtype(tr.graph()[k].dtype);
-                    break;
-                }
-        }
-        n.in = std::move(kids);
-        return tr.graph().add(std::move(n));
-    }
-}
-/// Records e; tensor leaves become graph inputs (traced values) or constants (captured tensors).
-template <class E> int lower(Tracer& tr, const E& e, DType parent_ct) {
-    return lower(tr, e, parent_ct, [&tr](const Tensor& t) { return tr.node_of(t); });
-}
+/// A statement's node for one of its tensors.
+using LeafNode = FunctionRef<int(const Tensor&)>;
+/// Records expression f as nodes of tr's graph; each tensor leaf becomes leaf(tensor)'s node.
+KILN_DECL int lower(Tracer& tr, const expr::Flat& f, const LeafNode& leaf);
+/// Records f; tensor leaves become graph inputs (traced values) or constants (captured tensors).
+KILN_DECL int lower(Tracer& tr, const expr::Flat& f);
 }  // namespace detail
 
 /// Records an expression whose leaves include tracing tensors; returns the tracing result.
-template <class E> Tensor record_expr(const E& e, const std::source_location& loc) {
-    Tracer* tr = Tracer::active();
-    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
-    if (!e.info.ok()) e.info.raise(loc);
-    const int id = detail::lower(*tr, e, e.info.ct);
-    (*tr).graph()[id].loc = loc;
-    return tr->make(id);
-}
+KILN_DECL Tensor record_expr(const expr::Flat& f, const std::source_location& loc);
 
 }  // namespace trace
 }  // namespace kiln
@@ -366,15 +327,9 @@ inline ir::Node reduce_node(ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsi
 }
 }  // namespace detail
 
-/// Records a reduction of an expression (or tensor) with tracing leaves.
-template <class E>
-Tensor record_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
-                     const Shape& out_shape, DType out_dtype, const std::source_location& loc, double correction = 0) {
-    Tracer* tr = Tracer::active();
-    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
-    const int in = detail::lower(*tr, e, e.info.ct);
-    return tr->make(tr->graph().add(detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in, correction)));
-}
+/// Records a reduction of an expression with tracing leaves.
+KILN_DECL Tensor record_reduce(const expr::Flat& f, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
+                               const Shape& out_shape, DType out_dtype, const std::source_location& loc, double correction = 0);
 
 /// Records a matrix product with a tracing operand.
 inline Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_shape, DType out_dtype,

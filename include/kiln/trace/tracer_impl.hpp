@@ -268,4 +268,59 @@ KILN_DECL void Tracer::flush_for_break(const std::source_location& loc, const st
     flush();
 }
 
+namespace detail {
+KILN_DECL int lower(Tracer& tr, const expr::Flat& f, const LeafNode& leaf) {
+    std::vector<int> node(f.items.size());
+    for (std::size_t i = 0; i < f.items.size(); ++i) {
+        const expr::Flat::Item& it = f.items[i];
+        if (it.kind == expr::Flat::Kind::tensor) {
+            node[i] = leaf(*it.tensor);
+        } else if (it.kind == expr::Flat::Kind::scalar) {
+            node[i] = tr.scalar(it.value, it.parent_ct);
+        } else {
+            ir::Node n;
+            n.kind = ir::Kind::elementwise;
+            n.op = it.op;
+            n.dtype = it.info->dtype;
+            n.shape = it.info->shape;
+            n.attr = it.attr;
+            for (int k = 0; k < it.arity; ++k) n.in.push_back(node[it.in[k]]);
+            // agnostic (bool-valued) ops run in the compute type of their first non-scalar operand
+            n.ct = it.info->ct;
+            if (it.info->agnostic) {
+                n.ct = DType::f32;
+                for (int k : n.in)
+                    if (tr.graph()[k].kind != ir::Kind::scalar && tr.graph()[k].dtype != DType::boolean) {
+                        n.ct = compute_dtype(tr.graph()[k].dtype);
+                        break;
+                    }
+            }
+            node[i] = tr.graph().add(std::move(n));
+        }
+    }
+    return node.back();
+}
+
+KILN_DECL int lower(Tracer& tr, const expr::Flat& f) {
+    return lower(tr, f, [&tr](const Tensor& t) { return tr.node_of(t); });
+}
+}  // namespace detail
+
+KILN_DECL Tensor record_expr(const expr::Flat& f, const std::source_location& loc) {
+    Tracer* tr = Tracer::active();
+    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+    if (!f.info().ok()) f.info().raise(loc);
+    const int id = detail::lower(*tr, f);
+    tr->graph()[id].loc = loc;
+    return tr->make(id);
+}
+
+KILN_DECL Tensor record_reduce(const expr::Flat& f, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
+                               const Shape& out_shape, DType out_dtype, const std::source_location& loc, double correction) {
+    Tracer* tr = Tracer::active();
+    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+    const int in = detail::lower(*tr, f);
+    return tr->make(tr->graph().add(detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in, correction)));
+}
+
 }  // namespace kiln::trace

@@ -21,40 +21,6 @@ namespace kiln::cuda::detail {
 
 class CudaGraphProgram;
 
-/// Distinct tensor leaves of an expression (by view identity), in the order lowering meets them,
-/// and its scalars.
-template <class E>
-void statement_leaves(const E& e, std::vector<Tensor>& ts, std::vector<double>& scalars) {
-    if constexpr (std::is_same_v<E, expr::TensorLeaf>) {
-        for (const Tensor& t : ts)
-            if (t.is_same(e.t)) return;
-        ts.push_back(e.t);
-    } else if constexpr (std::is_same_v<E, expr::ScalarLeaf>) {
-        scalars.push_back(e.s.value);
-    } else {
-        std::apply([&](const auto&... a) { (statement_leaves(a, ts, scalars), ...); }, e.args);
-    }
-}
-
-/// The run-time parts of an expression's nodes that its type does not fix (cast targets, compute
-/// and result dtypes), as key text.
-template <class E>
-void statement_attrs(const E& e, std::string& key) {
-    if constexpr (!std::is_same_v<E, expr::TensorLeaf> && !std::is_same_v<E, expr::ScalarLeaf>) {
-        key += std::to_string(static_cast<int>(e.attr)) + std::to_string(static_cast<int>(e.info.ct)) +
-               std::to_string(static_cast<int>(e.info.dtype)) + ".";
-        std::apply([&](const auto&... a) { (statement_attrs(a, key), ...); }, e.args);
-    }
-}
-
-/// Whether any leaf of e lives on a CUDA device.
-template <class E>
-bool on_cuda(const E& e) {
-    if constexpr (std::is_same_v<E, expr::TensorLeaf>) return e.t.defined() && !e.t.is_traced() && e.t.device().is_cuda();
-    else if constexpr (std::is_same_v<E, expr::ScalarLeaf>) return false;
-    else return std::apply([](const auto&... a) { return (false || ... || on_cuda(a)); }, e.args);
-}
-
 /// The one CUDA device every tensor is on; DeviceError naming the op and devices otherwise.
 inline int common_device(const std::vector<Tensor>& ts, std::string_view op, const std::source_location& loc) {
     int dev = -1;
@@ -109,37 +75,12 @@ KILN_DECL Tensor run_statement(StatementCache& cache, const std::vector<Tensor>&
                                const std::source_location& loc, const StatementBuild& build, const Tensor* into = nullptr);
 
 /// An expression statement on CUDA: one fused kernel (per group of its graph).
-/// `into` (optional): a contiguous CUDA tensor of e's shape and dtype that receives the result.
-template <class E>
-Tensor eval_expr(const E& e, const std::source_location& loc, const Tensor* into = nullptr) {
-    std::vector<Tensor> ts;
-    std::vector<double> scalars;
-    statement_leaves(e, ts, scalars);
-    std::string key;
-    statement_attrs(e, key);
-    for (double s : scalars) key += number_text(s) + ",";
-    return run_statement(
-        statement_cache<E>(), ts, key, "eval", loc,
-        [&](trace::Tracer& tr, const StatementLeaf& leaf) { return trace::detail::lower(tr, e, e.info.ct, leaf); }, into);
-}
+/// `into` (optional): a contiguous CUDA tensor of f's shape and dtype that receives the result.
+KILN_DECL Tensor eval_expr(const expr::Flat& f, const std::source_location& loc, const Tensor* into = nullptr);
 
 /// A reduction (or arg-reduction) of an expression on CUDA, fused with its prologue.
-template <class Tag, class E>
-Tensor eval_reduce(const E& e, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
-                   const Shape& out_shape, DType out_dtype, std::string_view op, const std::source_location& loc) {
-    std::vector<Tensor> ts;
-    std::vector<double> scalars;
-    statement_leaves(e, ts, scalars);
-    std::string key = std::to_string(static_cast<int>(kind)) + "/" + std::to_string(static_cast<int>(rk)) + "/" +
-                      std::to_string(arg_max) + "/" + std::to_string(mask) + "/" + std::to_string(keepdim) + ":";
-    statement_attrs(e, key);
-    for (double s : scalars) key += number_text(s) + ",";
-    key += "/" + std::to_string(static_cast<int>(out_dtype));
-    return run_statement(statement_cache<std::pair<Tag, E>>(), ts, key, op, loc, [&](trace::Tracer& tr, const StatementLeaf& leaf) {
-        const int in = trace::detail::lower(tr, e, e.info.ct, leaf);
-        return tr.graph().add(trace::detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in));
-    });
-}
+KILN_DECL Tensor eval_reduce(const expr::Flat& f, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
+                             const Shape& out_shape, DType out_dtype, std::string_view op, const std::source_location& loc);
 
 /// One table op as its own kernel (eager CUDA): operands in order, tensors or scalars.
 KILN_DECL Tensor run_op(ops::OpId op, DType dtype, DType ct, DType attr, const Shape& shape, const std::vector<Tensor>& tensors,

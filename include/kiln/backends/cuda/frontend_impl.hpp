@@ -99,4 +99,54 @@ KILN_DECL void copy_contiguous_into(const Tensor& out, const Tensor& value) {
           "cuMemcpyDtoDAsync");
 }
 
+/// The distinct tensors of f (by view identity) in walk order, its scalars, and key text for
+/// what the guards do not cover: the tree's structure, which distinct tensor each leaf is, and
+/// each op's cast target, compute and result dtypes.
+inline void statement_of(const expr::Flat& f, std::vector<Tensor>& ts, std::vector<double>& scalars, std::string& key) {
+    using K = expr::Flat::Kind;
+    for (const expr::Flat::Item& it : f.items) {
+        if (it.kind == K::tensor) {
+            std::size_t k = 0;
+            while (k < ts.size() && !ts[k].is_same(*it.tensor)) ++k;
+            if (k == ts.size()) ts.push_back(*it.tensor);
+            key += "t" + std::to_string(k) + ".";
+        } else if (it.kind == K::scalar) {
+            scalars.push_back(it.value);
+            key += "s" + std::to_string(static_cast<int>(it.parent_ct)) + ".";
+        } else {
+            key += "o" + std::to_string(static_cast<int>(it.op)) + ":" + std::to_string(static_cast<int>(it.attr)) + "," +
+                   std::to_string(static_cast<int>(it.info->ct)) + "," + std::to_string(static_cast<int>(it.info->dtype)) + ".";
+        }
+    }
+    key += "|";
+    for (double s : scalars) key += number_text(s) + ",";
+}
+
+struct ExprStatements {};
+struct ReduceStatements {};
+
+KILN_DECL Tensor eval_expr(const expr::Flat& f, const std::source_location& loc, const Tensor* into) {
+    std::vector<Tensor> ts;
+    std::vector<double> scalars;
+    std::string key;
+    statement_of(f, ts, scalars, key);
+    return run_statement(
+        statement_cache<ExprStatements>(), ts, key, "eval", loc,
+        [&](trace::Tracer& tr, const StatementLeaf& leaf) { return trace::detail::lower(tr, f, leaf); }, into);
+}
+
+KILN_DECL Tensor eval_reduce(const expr::Flat& f, ir::Kind kind, ir::ReduceKind rk, bool arg_max, unsigned mask, bool keepdim,
+                             const Shape& out_shape, DType out_dtype, std::string_view op, const std::source_location& loc) {
+    std::vector<Tensor> ts;
+    std::vector<double> scalars;
+    std::string key = std::string(op) + "/" + std::to_string(static_cast<int>(kind)) + "/" + std::to_string(static_cast<int>(rk)) + "/" +
+                      std::to_string(arg_max) + "/" + std::to_string(mask) + "/" + std::to_string(keepdim) + ":";
+    statement_of(f, ts, scalars, key);
+    key += "/" + std::to_string(static_cast<int>(out_dtype));
+    return run_statement(statement_cache<ReduceStatements>(), ts, key, op, loc, [&](trace::Tracer& tr, const StatementLeaf& leaf) {
+        const int in = trace::detail::lower(tr, f, leaf);
+        return tr.graph().add(trace::detail::reduce_node(kind, rk, arg_max, mask, keepdim, out_shape, out_dtype, loc, in));
+    });
+}
+
 }  // namespace kiln::cuda::detail
