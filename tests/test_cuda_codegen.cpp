@@ -10,7 +10,9 @@
 #include <unistd.h>
 #include <kiln/kiln.hpp>
 #include <kiln/passes/pipeline.hpp>  // the passes, run directly
+#include <kiln/backends/cuda/index_ops.hpp>
 #include <kiln/backends/cuda/library_kernels.hpp>
+#include <kiln/backends/cuda/kernel_cache.hpp>
 #include <string>
 #include <vector>
 

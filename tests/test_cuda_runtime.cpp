@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/interop/eigen.hpp>
 
 #include "test_util.hpp"
 

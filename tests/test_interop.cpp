@@ -10,6 +10,8 @@
 
 #include <kiln/kiln.hpp>  // first: kiln's SIMD header must be the first to include the intrinsics (GCC 12)
 
+#include <kiln/interop/eigen.hpp>  // Eigen interop is its own header (kiln.hpp does not include Eigen)
+
 #include <Eigen/Core>
 
 namespace {

@@ -14,7 +14,6 @@
 #include "kiln/core/shape.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/ops/evaluate.hpp"
-#include "kiln/interop/eigen.hpp"
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/copy.hpp"
 #include "kiln/ops/elementwise.hpp"

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
+#if defined(_MSC_VER) && defined(_M_X64)
+#include <intrin.h>
 #endif
 #if defined(__linux__)
 #include <sched.h>
@@ -24,7 +24,9 @@
 namespace kiln::detail {
 
 inline void cpu_relax() {
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_ia32_pause();  // _mm_pause without <immintrin.h> (tens of thousands of lines)
+#elif defined(_M_X64)
     _mm_pause();
 #else
     std::this_thread::yield();

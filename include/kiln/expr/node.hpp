@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/config.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/tables/op_table.hpp"
 
