@@ -104,22 +104,31 @@ KILN_DECL void copy_contiguous_into(const Tensor& out, const Tensor& value) {
 /// each op's cast target, compute and result dtypes.
 inline void statement_of(const expr::Flat& f, std::vector<Tensor>& ts, std::vector<double>& scalars, std::string& key) {
     using K = expr::Flat::Kind;
-    for (const expr::Flat::Item& it : f.items) {
+    key.reserve(key.size() + 6 * f.items.size() + 8 * static_cast<std::size_t>(f.scalars) + 2);
+    auto byte = [&](int v) { key.push_back(static_cast<char>(v)); };
+    auto number = [&](std::size_t v) {  // 7 bits a byte, the last byte below 128
+        for (; v >= 128; v >>= 7) byte(static_cast<int>(128 | (v & 127)));
+        byte(static_cast<int>(v));
+    };
+    for (const expr::Flat::Item& it : f.items) {  // a few bytes per item: kind, then what it names
+        byte(static_cast<int>(it.kind));
         if (it.kind == K::tensor) {
             std::size_t k = 0;
             while (k < ts.size() && !ts[k].is_same(*it.tensor)) ++k;
             if (k == ts.size()) ts.push_back(*it.tensor);
-            key += "t" + std::to_string(k) + ".";
+            number(k);
         } else if (it.kind == K::scalar) {
             scalars.push_back(it.value);
-            key += "s" + std::to_string(static_cast<int>(it.parent_ct)) + ".";
+            byte(static_cast<int>(it.parent_ct));
         } else {
-            key += "o" + std::to_string(static_cast<int>(it.op)) + ":" + std::to_string(static_cast<int>(it.attr)) + "," +
-                   std::to_string(static_cast<int>(it.info->ct)) + "," + std::to_string(static_cast<int>(it.info->dtype)) + ".";
+            number(static_cast<std::size_t>(it.op));
+            byte(static_cast<int>(it.attr));
+            byte(static_cast<int>(it.info->ct));
+            byte(static_cast<int>(it.info->dtype));
         }
     }
-    key += "|";
-    for (double s : scalars) key += number_text(s) + ",";
+    byte('|');
+    for (double s : scalars) key.append(reinterpret_cast<const char*>(&s), sizeof s);  // exact bits
 }
 
 struct ExprStatements {};
