@@ -144,7 +144,7 @@ inline CachingDeviceAllocator& caching_allocator(int index, const char* op) {
     return device_allocator_at(index);
 }
 
-inline kiln::Allocator* device_allocator_hook(int index) { return &caching_allocator(index, "cuda"); }
+KILN_DECL kiln::Allocator* device_allocator_hook(int index);
 
 /// Installs the hook core's Tensor uses to allocate on CUDA devices (core includes no CUDA header).
 inline const bool device_allocator_hook_installed = (kiln::cuda_allocator_hook() = &device_allocator_hook, true);

@@ -98,4 +98,6 @@ KILN_DECL std::string CachingDeviceAllocator::oom_message(std::size_t nbytes, st
     return m;
 }
 
+KILN_DECL kiln::Allocator* device_allocator_hook(int index) { return &caching_allocator(index, "cuda"); }
+
 }  // namespace kiln::cuda::detail
