@@ -64,7 +64,7 @@ StatementCache& statement_cache() {
 }
 
 /// A statement's node for an input tensor (one of the statement's inputs).
-using StatementLeaf = FunctionRef<int(const Tensor&)>;
+using StatementLeaf = trace::detail::LeafNode;
 /// Records a statement's nodes into the tracer (leaf(t) gives an input's node); returns the result
 /// node. Called only during run_statement.
 using StatementBuild = FunctionRef<int(trace::Tracer&, const StatementLeaf&)>;
