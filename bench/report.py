@@ -4,8 +4,13 @@
     python3 bench/report.py --kiln KILN.json --torch TORCH.json --out DIR [--command "..."]
 
 Writes DIR/report.md and DIR/report.svg and prints the markdown. Only GPU rows (device "cuda...")
-are compared. For each workload, "best" is the lowest median over that side's methods (kiln's
-warmstart and host rows and rows with "ok": false are left out).
+are compared. Each side times every row two ways: latency (CUDA events around each synchronized
+call: median_us / latency_us) and throughput (calls back to back, one synchronize: throughput_us).
+The headline measure of a workload is throughput, except for launch-bound ones (sincos_scalar and
+the batch-1 models, LATENCY_HEADLINE), where it is latency; the table says which. For each
+workload, "best" is the lowest headline time over that side's methods (kiln's warmstart rows and
+rows with "ok": false are left out); the other measure and the host time per call are shown beside
+it. Files from before throughput was measured (no throughput_us) are compared by latency.
 
 Roofline: the least time the workload can take on this GPU,
     max(bytes / copy bandwidth, flops / GEMM rate of its dtype)
@@ -28,10 +33,12 @@ import re
 import shlex
 import sys
 
-ORDER = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes",
+ORDER = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn", "blackscholes",
          "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18")
 RATE_ROWS = ("copy", "gemm_bf16", "gemm_f32")
 NOT_FOR_BEST = {"warmstart", "host", "memcpy"}
+# launch-bound workloads: their headline is latency (one call's time with the GPU idle before it)
+LATENCY_HEADLINE = ("sincos_scalar", "bert_base_b1_f32", "bert_base_b1_bf16")
 GEMM_HEAVY = ("mlp", "bert_layer", "resnet18")
 
 
@@ -61,6 +68,8 @@ DEFAULTS = {
     "chain64M": {"bytes": 2 * 4 * (64 << 20)},
     "bias_gelu": {"bytes": 4 * (2 * 8192 * 4096 + 4096)},
     "softmax": {"bytes": 2 * 4 * 8192 * 4096},
+    "softmax_short": {"bytes": 2 * 4 * (1 << 20) * 9},
+    "rowsum_short": {"bytes": 4 * ((1 << 20) * 9 + (1 << 20))},
     "layernorm": {"bytes": 4 * (2 * 8192 * 4096 + 2 * 4096)},
     "numpy_fn": {"bytes": 4 * (2 * 1024 * 640 + 1024)},
     "blackscholes": {"bytes": 5 * 4 * (16 << 20)},
@@ -127,16 +136,38 @@ def timed(row):
     return m is not None and m > 0 and row.get("ok", True) is not False
 
 
-def best_row(rows, workload):
-    cands = [r for r in rows if r.get("workload") == workload and r.get("method") not in NOT_FOR_BEST and timed(r)]
-    return min(cands, key=lambda r: num(r, "median_us")) if cands else None
+def latency_us(row):
+    return num(row, "latency_us") or num(row, "median_us")
+
+
+def throughput_us(row):
+    return num(row, "throughput_us")
+
+
+def measure_of(workload, rows):
+    """The headline measure of a workload: "latency" for launch-bound ones and where a side's rows
+    have no throughput (files from before it was measured), else "throughput"."""
+    if workload in LATENCY_HEADLINE:
+        return "latency"
+    mine = [r for r in rows if r.get("workload") == workload and timed(r) and r.get("method") not in NOT_FOR_BEST]
+    return "throughput" if mine and all(throughput_us(r) for r in mine) else "latency"
+
+
+def time_of(row, measure):
+    return throughput_us(row) if measure == "throughput" else latency_us(row)
+
+
+def best_row(rows, workload, measure="latency"):
+    cands = [r for r in rows if r.get("workload") == workload and r.get("method") not in NOT_FOR_BEST and timed(r)
+             and time_of(r, measure)]
+    return min(cands, key=lambda r: time_of(r, measure)) if cands else None
 
 
 def copy_gbps(rows):
     best = None
     for r in rows:
         if r.get("workload") == "copy" and timed(r):
-            b, m = num(r, "bytes"), num(r, "median_us")
+            b, m = num(r, "bytes"), throughput_us(r) or num(r, "median_us")
             g = b / (m * 1e3) if b else num(r, "gbps")
             if g and (best is None or g > best[0]):
                 best = (g, r)
@@ -147,7 +178,7 @@ def gemm_tflops(rows, workload):
     best = None
     for r in rows:
         if r.get("workload") == workload and timed(r):
-            f, m = num(r, "flops"), num(r, "median_us")
+            f, m = num(r, "flops"), throughput_us(r) or num(r, "median_us")
             t = f / (m * 1e6) if f else num(r, "tflops")
             if t and (best is None or t > best[0]):
                 best = (t, r)
@@ -243,7 +274,12 @@ class Comparison:
         return (g[0], dt) if g else (None, dt)
 
     def line(self, w):
-        kb, tb = best_row(self.kiln, w), best_row(self.torch, w)
+        # like with like: throughput only where every side that has the workload measured it
+        sides = [rows for rows in (self.kiln, self.torch) if any(r.get("workload") == w for r in rows)]
+        measure = "throughput" if sides and all(measure_of(w, rows) == "throughput" for rows in sides) else "latency"
+        kb, tb = best_row(self.kiln, w, measure), best_row(self.torch, w, measure)
+        other = "latency" if measure == "throughput" else "throughput"
+        kob, tob = best_row(self.kiln, w, other), best_row(self.torch, w, other)
         tmath = next((r.get("math") for r in self.torch if r.get("workload") == w and r.get("math")), None)
         kmath = next((r.get("math") for r in self.kiln if r.get("workload") == w and r.get("math")), None)
         if tmath and kmath and tmath != kmath:
@@ -263,10 +299,13 @@ class Comparison:
             roof, bound = t_fl, f"GEMM {dt}"
         if roof is not None and flops and t_fl is None:
             bound += f" (no GEMM {dt} rate measured)"
-        kus, tus = num(kb, "median_us"), num(tb, "median_us")
+        kus, tus = (time_of(kb, measure) if kb else None), (time_of(tb, measure) if tb else None)
+        kous, tous = (time_of(kob, other) if kob else None), (time_of(tob, other) if tob else None)
         return {
-            "workload": w, "math": math_mode, "kiln": kb, "torch": tb, "kiln_us": kus, "torch_us": tus,
+            "workload": w, "math": math_mode, "measure": measure, "kiln": kb, "torch": tb, "kiln_us": kus, "torch_us": tus,
             "ratio": kus / tus if (kus and tus) else None,
+            "other": other, "kiln_other": kob, "torch_other": tob, "kiln_other_us": kous, "torch_other_us": tous,
+            "other_ratio": kous / tous if (kous and tous) else None,
             "roof_us": roof, "bound": bound, "bytes": bytes_, "flops": flops,
             "kiln_pct": 100 * roof / kus if (roof and kus) else None,
             "torch_pct": 100 * roof / tus if (roof and tus) else None,
@@ -303,22 +342,30 @@ class Comparison:
             out.append("- note: the torch anchor ran with --quick (fewer repeats)")
         out.append("")
         ro = ", inputs marked static" if tm.get("compile_ro_static_inputs") else ""
-        out.append("Times are medians per call in microseconds (CUDA events around each call). "
+        out.append("Times are medians per call in microseconds, measured the same way on both sides: **throughput** "
+                   "(calls back to back, one synchronize at the end; median of 5 runs of >= 100 ms) and **latency** "
+                   "(CUDA events around each call, synchronized after each: the host's work before a launch counts "
+                   "where the GPU waits for it). The headline is throughput, except for launch-bound rows "
+                   f"({', '.join(LATENCY_HEADLINE)}), whose headline is latency; the measure column says which. "
                    "kiln / torch below 1 means kiln is faster. torch methods: eager, compile (torch.compile default mode), "
                    f"compile_ro (torch.compile mode=\"reduce-overhead\", CUDA graphs{ro}).")
         out.append("")
-        head = ["workload", "math", "kiln best (method, us)", "torch best (method, us)", "kiln / torch",
+        head = ["workload", "math", "headline measure", "kiln best (method, us)", "torch best (method, us)", "kiln / torch",
+                "other measure: kiln best / torch best (us)", "kiln / torch (other)",
                 "kiln % of roofline", "torch % of roofline", "roofline (us, bound)"]
         out.append("| " + " | ".join(head) + " |")
-        out.append("|" + "|".join(["---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]) + "|")
+        out.append("|" + "|".join(["---", "---", "---"] + ["---:"] * (len(head) - 3)) + "|")
         for ln in self.lines:
             kb, tb = ln["kiln"], ln["torch"]
             kcell = f"{kb['method']} {fmt_us(ln['kiln_us'])}" if kb else "—"
             tcell = f"{tb['method']} {fmt_us(ln['torch_us'])}" if tb else "—"
+            ko, to = ln["kiln_other"], ln["torch_other"]
+            ocell = (f"{ln['other']}: " + (f"{ko['method']} {fmt_us(ln['kiln_other_us'])}" if ko else "—") + " / "
+                     + (f"{to['method']} {fmt_us(ln['torch_other_us'])}" if to else "—"))
             roof = f"{fmt_us(ln['roof_us'])} ({ln['bound']})" if ln["roof_us"] is not None else "—"
             out.append("| " + " | ".join(md_escape(c) for c in (
-                ln["workload"], ln["math"], kcell, tcell, fmt_ratio(ln["ratio"]),
-                fmt_pct(ln["kiln_pct"]), fmt_pct(ln["torch_pct"]), roof)) + " |")
+                ln["workload"], ln["math"], ln["measure"], kcell, tcell, fmt_ratio(ln["ratio"]), ocell,
+                fmt_ratio(ln["other_ratio"]), fmt_pct(ln["kiln_pct"]), fmt_pct(ln["torch_pct"]), roof)) + " |")
         out.append("")
         out.extend(self.methods_table())
         out.extend(self.first_call_table())
@@ -338,22 +385,33 @@ class Comparison:
         if not kmeth and not tmeth:
             return []
 
-        def med(rows, w, m):
+        def cell(rows, w, m, key):
             for r in rows:
                 if r.get("workload") == w and r.get("method") == m:
                     if timed(r):
-                        return fmt_us(num(r, "median_us"))
+                        v = {"throughput": throughput_us, "latency": latency_us}.get(key, lambda x: num(x, key))(r)
+                        return fmt_us(v) if v else "—"
                     return "not ok" if r.get("ok") is False else "—"
             return "—"
 
-        out = ["## Every method (median us)", ""]
         head = ["workload"] + [f"kiln {m}" for m in kmeth] + [f"torch {m}" for m in tmeth]
-        out.append("| " + " | ".join(head) + " |")
-        out.append("|---|" + "|".join("---:" for _ in head[1:]) + "|")
-        for w in self.workloads:
-            cells = [w] + [med(self.kiln, w, m) for m in kmeth] + [med(self.torch, w, m) for m in tmeth]
-            out.append("| " + " | ".join(md_escape(c) for c in cells) + " |")
-        out.append("")
+        out = []
+        for key, title, note in (
+                ("throughput", "Every method: throughput (us per call, back to back)", ""),
+                ("latency", "Every method: latency (us per call, synchronized)", ""),
+                ("host_us", "Every method: host time per call (us)",
+                 "The host's wall time inside one call (median over the latency repeats): for torch, Python, "
+                 "dynamo's guards and the launches; for kiln, the guards, the launches and the executor. Where it "
+                 "exceeds the GPU time, back-to-back calls are bound by it.")):
+            out += [f"## {title}", ""]
+            if note:
+                out += [note, ""]
+            out.append("| " + " | ".join(head) + " |")
+            out.append("|---|" + "|".join("---:" for _ in head[1:]) + "|")
+            for w in self.workloads:
+                cells = [w] + [cell(self.kiln, w, m, key) for m in kmeth] + [cell(self.torch, w, m, key) for m in tmeth]
+                out.append("| " + " | ".join(md_escape(c) for c in cells) + " |")
+            out.append("")
         return out
 
     def first_call_table(self):
@@ -410,8 +468,8 @@ class Comparison:
                    "flops = 2 x MACs of the matrix products and convolutions. resnet18 is held to the f32 (no TF32) "
                    "rate although torch's cuDNN convolutions use TF32 (torch's default), so its % can pass 100.")
         out.append("- sincos_scalar moves 8 bytes: its time is launch and synchronization cost, and its % of roofline says nothing.")
-        out.append("- best leaves out kiln's warmstart (a first-call time) and host (back-to-back wall time) rows and "
-                   "any row marked not ok.")
+        out.append("- best leaves out kiln's warmstart rows (a first-call time) and any row marked not ok; "
+                   "% of roofline is by the headline measure.")
         bad = [r for r in self.kiln + self.torch if r.get("ok") is False or r.get("error")]
         for r in bad:
             side = "torch" if r in self.torch else "kiln"
@@ -439,7 +497,8 @@ class Comparison:
                  'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">')
         s.append(f'<rect width="{W}" height="{H}" fill="white"/>')
         s.append(f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="16" font-weight="bold">'
-                 f'kiln vs PyTorch: best median time per call{(" on " + esc(gpu)) if gpu else ""}</text>')
+                 f'kiln vs PyTorch: best time per call (throughput; latency for launch-bound rows)'
+                 f'{(" on " + esc(gpu)) if gpu else ""}</text>')
         # legend
         lx = x0
         for color, name in (("#1f77b4", "kiln best"), ("#ff7f0e", "torch best")):

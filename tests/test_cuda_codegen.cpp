@@ -83,8 +83,9 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                 sig.outer_rank = variant == 2 ? 2 : 1;
                 sig.inner_rank = variant == 2 ? 2 : 1;
                 sig.vec = variant == 0 ? 4 : 1;
-                sig.threads = variant == 0 ? 256 : 32;
+                sig.threads = variant == 2 ? 32 : 256;
                 sig.items = variant == 0 ? 4 : 3;
+                sig.lanes = variant == 1 ? 4 : 0;  // short rows: 4 lanes per row, 64 rows per block
                 sig.idx64 = variant == 1;
                 for (std::size_t k = 0; k < nl + G.outputs.size(); ++k) {
                     const int node = k < nl ? G.leaves[k] : G.outputs[k - nl];
@@ -101,6 +102,7 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                 sig.outer_rank = variant == 2 ? 0 : 1;
                 sig.inner_rank = variant == 2 ? 2 : 1;
                 sig.idx64 = variant == 1;
+                sig.lanes = variant == 1 ? 8 : 0;  // short rows: 8 lanes per row, 32 rows per block
                 sig.partial = variant == 2 && g[G.outputs[0]].kind == ir::Kind::reduce;
                 for (std::size_t k = 0; k < nl; ++k) {
                     sig.inner_access.push_back(variant == 0 ? Access::contig : Access::strided);

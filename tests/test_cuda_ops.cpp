@@ -156,6 +156,33 @@ TEST_CASE("cuda: softmax, log_softmax, layer_norm and logsumexp rows" * doctest:
     CHECK(rel_err(softmax(cu(h), -1), softmax(h, -1)) < 1e-2);
 }
 
+TEST_CASE("cuda: short rows (several rows per block, reduced by shuffles) at every lane count match the CPU" *
+          doctest::skip(kiln_test::no_cuda())) {
+    // Row lengths that give every lane count (1 to 32 threads per row) of the row and reduce
+    // kernels and the block-per-row kernels next to them; row counts that leave the last block
+    // partly empty (its spare lanes recompute the last row and store nothing).
+    for (std::int64_t L : {1, 2, 3, 5, 9, 16, 17, 33, 64, 100, 128, 129, 256, 511, 512, 513, 2048}) {
+        for (std::int64_t rows : {1, 63, 257}) {
+            INFO("rows " << rows << " x row length " << L);
+            const Tensor x = randn({rows, L}), w = randn({L}), b = randn({L});
+            const Tensor xd = cu(x);
+            CHECK(rel_err(softmax(xd, -1), softmax(x, -1)) < 1e-5);
+            CHECK(rel_err(layer_norm(xd, 1, cu(w), cu(b)), layer_norm(x, 1, w, b)) < 1e-5);
+            CHECK(rel_err(sum(xd * 2.0 + 1.0, {1}), sum(Tensor(x * 2.0 + 1.0).to(DType::f64), {1})) < 1e-5);
+            CHECK(rel_err(mean(xd, {1}, true), mean(x.to(DType::f64), {1}, true)) < 1e-5);
+            CHECK(equal(kiln::max(xd, {1}), kiln::max(x, {1})));
+            CHECK(equal(argmin(xd, 1), argmin(x, 1)));
+            // ties (the lowest index wins) and NaN (wins over every number) in arg-reductions
+            Tensor ties = randint(0, 3, {rows, L}, DType::i32);
+            CHECK(equal(argmax(cu(ties), 1), argmax(ties, 1)));
+            CHECK(equal(sum(cu(ties), {1}), sum(ties, {1})));
+            Tensor xn = x.clone();
+            xn.data<float>()[(rows / 2) * L + L / 2] = std::nanf("");
+            CHECK(equal(argmax(cu(xn), 1), argmax(xn, 1)));
+        }
+    }
+}
+
 TEST_CASE("cuda: matmul routes to cuBLASLt from kiln::matmul" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor a = randn({64, 48}), b = randn({48, 80});
     CHECK(rel_err(kiln::matmul(cu(a), cu(b)), kiln::matmul(a.to(DType::f64), b.to(DType::f64))) < 1e-5);

@@ -10,10 +10,13 @@ repeats, bytes, gbps, pct_copy, speedup_vs_eager) plus flops, tflops, math, ok, 
 error. The file is {"meta": {...}, "rows": [...]}; bench/report.py reads it next to kiln's list.
 
 Timing matches kiln_bench's GPU rows: after the first call (for compile modes: the compilation,
-into a fresh TORCHINDUCTOR_CACHE_DIR) and a warm-up of >= 3 calls, each repeat is CUDA event
-record, call, event record, event synchronize, so host launch cost counts where the GPU waits for
-it; repeats go on for --min-time seconds and at least --min-repeats calls (at most 5000); median
-and min per call in microseconds. Every method's output is checked against eager first; a
+into a fresh TORCHINDUCTOR_CACHE_DIR) and a warm-up of >= 3 calls, three measures per row:
+latency_us (= median_us): each repeat is CUDA event record, call, event record, event synchronize,
+so host launch cost counts where the GPU waits for it; repeats go on for --min-time seconds and at
+least --min-repeats calls (at most 5000); host_us: the host's wall time inside the call in those
+repeats (median); throughput_us: n calls back to back between two events and one synchronize, n
+chosen from the latency so that a run lasts >= --throughput-time seconds, median of 5 runs, per
+call. gbps and tflops are by throughput. Every method's output is checked against eager first; a
 mismatch is reported in its row ("ok": false) and that method is not timed. For compile_ro the
 inputs are marked static (torch._dynamo.mark_static_address), as they are the same buffers on every
 call; --ro-copy-inputs leaves them unmarked, and CUDA graphs copy them in on every call.
@@ -101,6 +104,10 @@ def bias_gelu_fn(x, b):
 
 def softmax_fn(x):
     return torch.softmax(x, dim=-1)
+
+
+def rowsum_fn(x):
+    return torch.sum(x, dim=-1)
 
 
 def layernorm_fn(x, w, b):
@@ -278,6 +285,13 @@ def make_workload(name, device, tiny):
         g = _gen(dev, 3)
         x = _randn((r, c), dev, g) * 3.0  # kiln_bench: randn * 3
         return dict(fn=softmax_fn, inputs=(x,), bytes=2 * 4 * r * c, flops=0, math=MATH_F32, tol=TOL_F32_EW)
+    if name in ("softmax_short", "rowsum_short"):  # a million rows of 9 (kiln: several rows per block)
+        r, c = (64, 9) if tiny else (1 << 20, 9)
+        g = _gen(dev, 12)
+        x = _randn((r, c), dev, g) * 3.0
+        if name == "softmax_short":
+            return dict(fn=softmax_fn, inputs=(x,), bytes=2 * 4 * r * c, flops=0, math=MATH_F32, tol=TOL_F32_EW)
+        return dict(fn=rowsum_fn, inputs=(x,), bytes=4 * (r * c + r), flops=0, math=MATH_F32, tol=TOL_F32_EW)
     if name == "layernorm":
         r, c = (64, 256) if tiny else (8192, 4096)
         g = _gen(dev, 4)
@@ -343,7 +357,8 @@ def make_workload(name, device, tiny):
     raise ValueError(f"no workload {name}")
 
 
-WORKLOADS = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes",
+WORKLOADS = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn",
+             "blackscholes",
              "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18",
              "bert_base_b1_f32", "bert_base_b1_bf16", "bert_base_b8x128_f32", "bert_base_b8x128_bf16", "minilm_32x64")
 # the workloads that run on the CPU only (--device cpu) and those that run on the GPU only
@@ -422,10 +437,11 @@ def minilm_workload(dev):
 # timing
 
 class Timer:
-    def __init__(self, device, min_time, min_repeats, max_repeats=5000):
+    def __init__(self, device, min_time, min_repeats, max_repeats=5000, throughput_time=0.1):
         self.cuda = device.type == "cuda"
         self.device = device
         self.min_time, self.min_repeats, self.max_repeats = min_time, min_repeats, max_repeats
+        self.throughput_time = throughput_time
 
     def sync(self):
         if self.cuda:
@@ -440,15 +456,18 @@ class Timer:
         return (time.perf_counter() - t0) * 1e6, out
 
     def repeats(self, call):
-        """Per-call times in us: CUDA events around each call (GPU), perf_counter (CPU)."""
-        times = []
+        """Latency: per-call times in us (CUDA events around each call, synchronized after each, on
+        the GPU; perf_counter on the CPU), and the host's wall time inside each call in us."""
+        times, host = [], []
         start = time.perf_counter()
         if self.cuda:
             e0 = torch.cuda.Event(enable_timing=True)
             e1 = torch.cuda.Event(enable_timing=True)
             while len(times) < self.min_repeats or time.perf_counter() - start < self.min_time:
                 e0.record()
+                t0 = time.perf_counter()
                 call()
+                host.append((time.perf_counter() - t0) * 1e6)
                 e1.record()
                 e1.synchronize()
                 times.append(e0.elapsed_time(e1) * 1e3)
@@ -461,7 +480,28 @@ class Timer:
                 times.append((time.perf_counter() - t0) * 1e6)
                 if len(times) >= self.max_repeats:
                     break
-        return times
+            host = list(times)
+        return times, host
+
+    def throughput(self, call, latency_us, runs=5):
+        """Throughput on the GPU: n calls back to back between two CUDA events with one synchronize,
+        n chosen from the latency so that a run lasts >= throughput_time; the median of `runs`
+        runs, per call, in us (as kiln_bench's GPU rows). None on the CPU."""
+        if not self.cuda:
+            return None
+        n = int(min(200000, max(3, math.ceil(self.throughput_time * 1e6 / max(latency_us, 0.1)))))
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        per_call = []
+        for _ in range(runs):
+            self.sync()
+            e0.record()
+            for _ in range(n):
+                call()
+            e1.record()
+            e1.synchronize()
+            per_call.append(e0.elapsed_time(e1) * 1e3 / n)
+        return statistics.median(per_call)
 
 
 def snapshot(out):
@@ -517,7 +557,7 @@ class Anchor:
             self.device = torch.device("cpu")
             self.dev_name = "cpu"
             self.threads = torch.get_num_threads()
-        self.timer = Timer(self.device, args.min_time, args.min_repeats)
+        self.timer = Timer(self.device, args.min_time, args.min_repeats, throughput_time=args.throughput_time)
         self.rows = []
         self.copy_gbps = 0.0
         self.meta = self.make_meta()
@@ -540,9 +580,12 @@ class Anchor:
             "min_repeats": a.min_repeats,
             "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
             "inductor_cache_fresh": not _CACHE_DIR_GIVEN,
-            "timing": "CUDA events around each call, synchronized after each (as kiln_bench's GPU rows); "
-                      "after the first call and >= 3 warm-up calls" if self.device.type == "cuda" else
-                      "perf_counter around each call",
+            "timing": "as kiln_bench's GPU rows, after the first call and >= 3 warm-up calls: latency_us (= median_us) "
+                      "CUDA events around each call, synchronized after each; throughput_us calls back to back between "
+                      "two events, one synchronize, >= throughput_time_s a run, median of 5 runs, per call; host_us "
+                      "the host's wall time inside a call (median over the latency repeats); gbps and tflops by "
+                      "throughput" if self.device.type == "cuda" else "perf_counter around each call",
+            "throughput_time_s": a.throughput_time,
             "mode": "torch.inference_mode()",
             "compile_ro_static_inputs": not a.ro_copy_inputs,
             "first_call_note": "compile/compile_ro first_call_us: torch.compile + first run, wall clock; torch._dynamo.reset() "
@@ -593,8 +636,9 @@ class Anchor:
                 extra += f", {row['gbps']:.1f} GB/s"
             if row.get("tflops"):
                 extra += f", {row['tflops']:.1f} TFLOP/s"
-            log(f"{row['workload']:<16} {row['method']:<10} median {row['median_us']:10.1f} us  min {row['min_us']:10.1f}"
-                f"  first {row['first_call_us'] / 1e3:9.1f} ms  x{row['repeats']}{extra}  ok={row['ok']}")
+            thr = f"  thru {row['throughput_us']:10.1f}" if row.get("throughput_us") else ""
+            log(f"{row['workload']:<16} {row['method']:<10} median {row['median_us']:10.1f} us  min {row['min_us']:10.1f}{thr}"
+                f"  host {row.get('host_us', 0):8.1f}  first {row['first_call_us'] / 1e3:9.1f} ms  x{row['repeats']}{extra}  ok={row['ok']}")
         else:
             log(f"{row['workload']:<16} {row['method']:<10} NOT TIMED: {row.get('error', '?')}")
         self.write()
@@ -605,12 +649,19 @@ class Anchor:
                 "bytes": float(w.get("bytes", 0)), "flops": float(w.get("flops", 0)), "gbps": 0.0, "tflops": 0.0,
                 "math": w.get("math", ""), "ok": False}
 
-    def timed_row(self, row, first_us, times):
-        row.update(first_call_us=first_us, repeats=len(times), median_us=statistics.median(times), min_us=min(times))
+    def timed_row(self, row, first_us, call):
+        """Times `call` (latency, host time, throughput) into row; first_us is its first call."""
+        times, host = self.timer.repeats(call)
+        row.update(first_call_us=first_us, repeats=len(times), median_us=statistics.median(times), min_us=min(times),
+                   latency_us=statistics.median(times), host_us=statistics.median(host))
+        thr = self.timer.throughput(call, row["median_us"])
+        if thr is not None:
+            row["throughput_us"] = thr
+        rate_us = thr if thr is not None else row["median_us"]
         if row["bytes"] > 0:
-            row["gbps"] = row["bytes"] / (row["median_us"] * 1e3)
+            row["gbps"] = row["bytes"] / (rate_us * 1e3)
         if row["flops"] > 0:
-            row["tflops"] = row["flops"] / (row["median_us"] * 1e6)
+            row["tflops"] = row["flops"] / (rate_us * 1e6)
         return row
 
     # -- roofline rows ------------------------------------------------------------------------
@@ -626,9 +677,8 @@ class Anchor:
             for _ in range(3):
                 x.clone()
             self.timer.sync()
-            times = self.timer.repeats(lambda: x.clone())
             row["ok"] = True
-            self.timed_row(row, first, times)
+            self.timed_row(row, first, lambda: x.clone())
             self.copy_gbps = row["gbps"]
             del x
         except Exception as e:  # noqa: BLE001
@@ -647,9 +697,8 @@ class Anchor:
             for _ in range(3):
                 torch.mm(a, b)
             self.timer.sync()
-            times = self.timer.repeats(lambda: torch.mm(a, b))
             row["ok"] = True
-            self.timed_row(row, first, times)
+            self.timed_row(row, first, lambda: torch.mm(a, b))
             row["tflops_best"] = row["flops"] / (row["min_us"] * 1e6)
             row["bytes"] = 0.0  # a rate row: report the arithmetic, not GB/s
             row["gbps"] = 0.0
@@ -671,7 +720,7 @@ class Anchor:
             return
         fn, inputs, tol = w["fn"], w["inputs"], w["tol"]
         ref = None
-        eager_median = 0.0
+        eager_median = eager_thr = 0.0
         # eager first: it is the reference
         for method in METHODS:
             if method not in self.args.methods and method != "eager":
@@ -718,12 +767,13 @@ class Anchor:
                 del out
                 self.timer.sync()
                 if row["ok"] and method in self.args.methods:
-                    times = self.timer.repeats(call)
-                    self.timed_row(row, first, times)
+                    self.timed_row(row, first, call)
                     if method == "eager":
-                        eager_median = row["median_us"]
+                        eager_median, eager_thr = row["median_us"], row.get("throughput_us", 0.0)
                     if eager_median > 0:
                         row["speedup_vs_eager"] = eager_median / row["median_us"]
+                    if eager_thr > 0 and row.get("throughput_us"):
+                        row["throughput_speedup_vs_eager"] = eager_thr / row["throughput_us"]
                 else:
                     row["first_call_us"] = first
             except Exception as e:  # noqa: BLE001
@@ -775,6 +825,8 @@ def parse(argv=None):
     p.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke test, not comparable to kiln")
     p.add_argument("--min-time", type=float, default=None, help="seconds of timed repeats per row (default 0.5)")
     p.add_argument("--min-repeats", type=int, default=None, help="at least this many timed calls (default 20)")
+    p.add_argument("--throughput-time", type=float, default=None,
+                   help="seconds of back-to-back calls per throughput run (5 runs; default 0.1, 0.02 with --quick)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list of eager,compile,compile_ro")
     p.add_argument("--gemm-n", type=int, default=0, help="size of the GEMM rate rows (default 8192 on cuda)")
     p.add_argument("--no-rates", action="store_true", help="skip the copy and GEMM rate rows")
@@ -785,6 +837,8 @@ def parse(argv=None):
         a.min_time = 0.1 if a.quick else 0.5
     if a.min_repeats is None:
         a.min_repeats = 5 if a.quick else 20
+    if a.throughput_time is None:
+        a.throughput_time = 0.02 if a.quick else 0.1
     a.methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
     unknown = set(a.methods) - set(METHODS)
     if unknown:

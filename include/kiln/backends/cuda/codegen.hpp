@@ -212,6 +212,12 @@ template <class T, class F> __device__ __forceinline__ T kiln_block_reduce(T v, 
   for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// Reduces over each aligned group of G lanes (every lane of the warp must call it).
+template <int G, class T, class F> __device__ __forceinline__ T kiln_group_reduce(T v, F f) {
+  #pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 )KILN";
 }
 
@@ -470,11 +476,14 @@ struct RowSignature {
     std::vector<char> outer_zero;       ///< per operand: same for every row (a weight)
     std::vector<DType> dtypes;          ///< per operand
     int threads = 256, items = 4, vec = 1;
-    bool exact = false;  ///< the row length is exactly threads x items x vec (no bounds checks)
+    /// 0: one block of `threads` per row; else `lanes` (1, 2, ..., 32) threads per row and
+    /// threads / lanes rows per block, reduced by warp shuffles alone (short rows)
+    int lanes = 0;
+    bool exact = false;  ///< the row length is exactly (lanes or threads) x items x vec (no bounds checks)
     bool idx64 = false;
     std::string key() const {
         std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (exact ? "x" : "") +
-                        std::to_string(threads) + "x" + std::to_string(items) + "x" + std::to_string(vec) + ":";
+                        std::to_string(threads) + "x" + std::to_string(items) + "x" + std::to_string(vec) + "g" + std::to_string(lanes) + ":";
         for (std::size_t i = 0; i < inner_access.size(); ++i)
             k += access_code(inner_access[i]) + std::to_string(static_cast<int>(dtypes[i])) + (outer_zero[i] ? "z" : "");
         return k;
@@ -533,6 +542,9 @@ inline bool row_varies(const ir::Graph& g, int i, const Shape& space, unsigned m
 
 /// The row kernel: one block per row (grid-stride), THREADS threads, each holding ITEMS vectors
 /// of VEC elements of every row-varying value in registers, so each leaf is read once per row.
+/// For short rows (sig.lanes > 0), LANES threads per row and THREADS / LANES rows per block,
+/// reduced by shuffles within the lanes of a row; the rows loop is uniform over the block (a lane
+/// past the last row recomputes the last row and stores nothing), so every shuffle is full-warp.
 /// Operands (G.leaves then the stored outputs) come as pointers; then rows, L, outer sizes, inner
 /// sizes, and per operand its outer strides and (unless contig/scalar) inner strides.
 inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std::vector<int>& stored,
@@ -545,9 +557,18 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
     for (std::size_t k = 0; k < nl + no; ++k)
         s += std::string(k < nl ? "const " : "") + storage_type(sig.dtypes[k]) + "* __restrict__ " + op_name(k) + ", ";
     s += "long long rows, long long L" + row_params(sig.inner_access, Ro, Ri);
-    s += ") {\n  typedef " + idx + " idx_t;\n  __shared__ double smem_[32];\n";
-    s += "  const int tid = threadIdx.x;\n";
-    s += "  for (idx_t r = blockIdx.x; r < (idx_t)rows; r += gridDim.x) {\n";
+    s += ") {\n  typedef " + idx + " idx_t;\n";
+    const int GL = sig.lanes, TR = GL > 0 ? GL : T;  // threads per row
+    if (GL == 0) {
+        s += "  __shared__ double smem_[32];\n  const int tid = threadIdx.x;\n";
+        s += "  for (idx_t r = blockIdx.x; r < (idx_t)rows; r += gridDim.x) {\n";
+    } else {
+        const std::string rpb = std::to_string(T / GL), gs = std::to_string(GL);
+        s += "  const int tid = threadIdx.x % " + gs + ";\n";
+        s += "  for (idx_t r0_ = (idx_t)blockIdx.x * " + rpb + "; r0_ < (idx_t)rows; r0_ += (idx_t)gridDim.x * " + rpb + ") {\n";
+        s += "    const idx_t rr_ = r0_ + (idx_t)(threadIdx.x / " + gs + ");\n";
+        s += "    const bool live_ = rr_ < (idx_t)rows;\n    const idx_t r = live_ ? rr_ : (idx_t)rows - 1;\n";
+    }
     s += row_bases(nl + no, Ro);
     // element offset of operand k at row element `col`
     auto elem_offset = [&](std::size_t k, const std::string& col) -> std::string {
@@ -563,7 +584,7 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
     // a multiple of VEC when VEC > 1)
     const std::string guard = sig.exact ? "true" : "col0 < (idx_t)L";
     const std::string loop_open = "    #pragma unroll\n    for (int j = 0; j < " + std::to_string(I) + "; ++j) {\n"
-                                  "      const idx_t col0 = ((idx_t)j * " + std::to_string(T) + " + tid) * " + std::to_string(V) + ";\n"
+                                  "      const idx_t col0 = ((idx_t)j * " + std::to_string(TR) + " + tid) * " + std::to_string(V) + ";\n"
                                   "      if (" + guard + ") {\n"
                                   "      #pragma unroll\n      for (int e = 0; e < " + std::to_string(V) + "; ++e) {\n"
                                   "        const idx_t col = col0 + e; const int q = j * " + std::to_string(V) + " + e;\n"
@@ -585,7 +606,7 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
         s += "    " + vt + " x" + ks + "[" + std::to_string(per) + "];\n";
         if (V > 1 && (sig.inner_access[k] == Access::contig)) {
             s += "    #pragma unroll\n    for (int j = 0; j < " + std::to_string(I) + "; ++j) {\n";
-            s += "      const idx_t col0 = ((idx_t)j * " + std::to_string(T) + " + tid) * " + std::to_string(V) + ";\n";
+            s += "      const idx_t col0 = ((idx_t)j * " + std::to_string(TR) + " + tid) * " + std::to_string(V) + ";\n";
             s += "      if (" + guard + ") { const kiln_vec<" + st + ", " + std::to_string(V) + "> w_ = *(const kiln_vec<" + st +
                  ", " + std::to_string(V) + ">*)(a" + ks + " + b_[" + ks + "] + col0);\n";
             s += "        #pragma unroll\n        for (int e = 0; e < " + std::to_string(V) + "; ++e) x" + ks + "[j * " +
@@ -623,11 +644,14 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
             if (varies[static_cast<std::size_t>(x)]) {
                 s += loop_open + "          acc" + rs + " = " + combine_text(n.rkind, "acc" + rs, xv) + ";\n" + loop_close;
             } else {  // a per-row value reduced over L copies (sum: L * x)
-                s += "    for (idx_t c_ = tid; c_ < (idx_t)L; c_ += " + std::to_string(T) + ") acc" + rs + " = " +
+                s += "    for (idx_t c_ = tid; c_ < (idx_t)L; c_ += " + std::to_string(TR) + ") acc" + rs + " = " +
                      combine_text(n.rkind, "acc" + rs, xv) + ";\n";
             }
-            s += "    acc" + rs + " = kiln_block_reduce(acc" + rs + ", [](" + at + " a, " + at + " b) { return (" + at + ")(" +
-                 combine_text(n.rkind, "a", "b") + "); }, (" + at + "*)smem_, " + identity_text(n.rkind, acc) + ");\n";
+            const std::string comb = "[](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(n.rkind, "a", "b") + "); }";
+            if (GL == 0)
+                s += "    acc" + rs + " = kiln_block_reduce(acc" + rs + ", " + comb + ", (" + at + "*)smem_, " + identity_text(n.rkind, acc) + ");\n";
+            else
+                s += "    acc" + rs + " = kiln_group_reduce<" + std::to_string(GL) + ">(acc" + rs + ", " + comb + ");\n";
             std::string val = "acc" + rs;
             if (n.rkind == ir::ReduceKind::mean)
                 val = "(" + val + " / (" + at + ")kiln_max(0.0, (double)L - " + literal(n.correction, DType::f64) + "))";
@@ -636,6 +660,7 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
         }
     }
     // stores
+    if (GL > 0) s += "    if (live_) {\n";
     for (std::size_t m = 0; m < no; ++m) {
         const std::size_t k = nl + m;
         const int o = stored[m];
@@ -649,7 +674,7 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
         } else if (V > 1 && sig.inner_access[k] == Access::contig) {  // one vector store per V elements
             const std::string st = storage_type(dt), vt = "kiln_vec<" + st + ", " + std::to_string(V) + ">";
             s += "    #pragma unroll\n    for (int j = 0; j < " + std::to_string(I) + "; ++j) {\n";
-            s += "      const idx_t col0 = ((idx_t)j * " + std::to_string(T) + " + tid) * " + std::to_string(V) + ";\n";
+            s += "      const idx_t col0 = ((idx_t)j * " + std::to_string(TR) + " + tid) * " + std::to_string(V) + ";\n";
             s += "      if (" + guard + ") { " + vt + " w_;\n";
             s += "        #pragma unroll\n        for (int e = 0; e < " + std::to_string(V) + "; ++e) { const int q = j * " +
                  std::to_string(V) + " + e; w_.v[e] = " + store_conv(dt, vals[static_cast<std::size_t>(o)]) + "; }\n";
@@ -659,7 +684,8 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
                  ";\n" + loop_close;
         }
     }
-    s += "    __syncthreads();\n  }\n}\n";
+    s += GL > 0 ? "    }\n" : "    __syncthreads();\n";
+    s += "  }\n}\n";
     return finish_kernel("row", s);
 }
 
@@ -673,8 +699,12 @@ struct ReduceSignature {
     std::vector<DType> dtypes;         ///< per leaf
     bool idx64 = false;
     bool partial = false;  ///< writes accumulators (first pass of a split reduction)
+    /// 0: a block of 256 threads per row (or per chunk); else `lanes` (1, 2, ..., 32) threads per
+    /// row and 256 / lanes rows per block, reduced by warp shuffles alone (short rows; no chunks)
+    int lanes = 0;
     std::string key() const {
-        std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (partial ? "p" : "f") + ":";
+        std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (partial ? "p" : "f") +
+                        "g" + std::to_string(lanes) + ":";
         for (std::size_t i = 0; i < inner_access.size(); ++i) k += access_code(inner_access[i]) + std::to_string(static_cast<int>(dtypes[i]));
         return k;
     }
@@ -695,15 +725,28 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     for (std::size_t k = 0; k < nl; ++k) s += "const " + std::string(storage_type(sig.dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
     const std::string out_t = sig.partial ? at : arg ? "long long" : storage_type(rn.dtype);
     s += out_t + "* __restrict__ out, long long rows, long long L, long long chunks" + row_params(sig.inner_access, Ro, Ri);
-    s += ") {\n  typedef " + idx + " idx_t;\n  __shared__ double smem_[32];\n  __shared__ long long smi_[32];\n";
-    s += "  for (idx_t blk = blockIdx.x; blk < (idx_t)(rows * chunks); blk += gridDim.x) {\n";
-    s += "    const idx_t r = blk / (idx_t)chunks, ch = blk % (idx_t)chunks;\n";
-    s += "    const idx_t per_ = ((idx_t)L + (idx_t)chunks - 1) / (idx_t)chunks;\n";
-    s += "    const idx_t beg_ = ch * per_, end_ = beg_ + per_ < (idx_t)L ? beg_ + per_ : (idx_t)L;\n";
+    s += ") {\n  typedef " + idx + " idx_t;\n";
+    const int GL = sig.lanes;
+    const std::string gs = std::to_string(GL);
+    if (GL == 0) {
+        s += "  __shared__ double smem_[32];\n  __shared__ long long smi_[32];\n";
+        s += "  for (idx_t blk = blockIdx.x; blk < (idx_t)(rows * chunks); blk += gridDim.x) {\n";
+        s += "    const idx_t r = blk / (idx_t)chunks, ch = blk % (idx_t)chunks;\n";
+        s += "    const idx_t per_ = ((idx_t)L + (idx_t)chunks - 1) / (idx_t)chunks;\n";
+        s += "    const idx_t beg_ = ch * per_, end_ = beg_ + per_ < (idx_t)L ? beg_ + per_ : (idx_t)L;\n";
+    } else {  // uniform rows loop: a lane past the last row recomputes the last row and stores nothing
+        const std::string rpb = std::to_string(256 / GL);
+        s += "  const int lane_ = threadIdx.x % " + gs + ";\n";
+        s += "  for (idx_t r0_ = (idx_t)blockIdx.x * " + rpb + "; r0_ < (idx_t)rows; r0_ += (idx_t)gridDim.x * " + rpb + ") {\n";
+        s += "    const idx_t rr_ = r0_ + (idx_t)(threadIdx.x / " + gs + ");\n";
+        s += "    const bool live_ = rr_ < (idx_t)rows;\n    const idx_t r = live_ ? rr_ : (idx_t)rows - 1;\n";
+        s += "    const idx_t beg_ = 0, end_ = (idx_t)L;\n";
+    }
     s += row_bases(nl, Ro);
     s += "    " + at + " acc = " + (arg ? literal(0, acc) : identity_text(rn.rkind, acc)) + ";\n";
     if (arg) s += "    long long at_ = -1;\n";
-    s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
+    if (GL == 0) s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
+    else s += "    for (idx_t col = beg_ + lane_; col < end_; col += " + gs + ") {\n";
     std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
     for (std::size_t k = 0; k < nl; ++k) {
         const DType dt = sig.dtypes[k];
@@ -732,11 +775,15 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     if (arg) {
         // (value, index) pairs: NaN wins, then the better value, then the lower index
         const std::string better = rn.arg_max ? "b > a" : "b < a";
-        s += "    #pragma unroll\n    for (int o = 16; o > 0; o >>= 1) {\n";
+        s += "    #pragma unroll\n    for (int o = " + std::to_string(GL == 0 ? 16 : GL / 2) + "; o > 0; o >>= 1) {\n";
         s += "      const " + at + " b = __shfl_xor_sync(0xffffffffu, acc, o); const long long bi = __shfl_xor_sync(0xffffffffu, at_, o);\n";
         s += "      const " + at + " a = acc;\n";
         s += "      const bool take = bi >= 0 && (at_ < 0 || (a == a && (b != b || " + better + ")) || ((a == b || (a != a && b != b)) && bi < at_));\n";
         s += "      if (take) { acc = b; at_ = bi; }\n    }\n";
+        if (GL > 0) s += "    if (live_ && lane_ == 0) out[r] = at_;\n";
+    }
+    if (arg && GL == 0) {
+        const std::string better = rn.arg_max ? "b > a" : "b < a";
         s += "    __syncthreads();\n    if ((threadIdx.x & 31) == 0) { ((" + at + "*)smem_)[threadIdx.x >> 5] = acc; smi_[threadIdx.x >> 5] = at_; }\n";
         s += "    __syncthreads();\n    if (threadIdx.x == 0) {\n";
         s += "      for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w) {\n";
@@ -744,19 +791,21 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         s += "        const bool take = bi >= 0 && (at_ < 0 || (a == a && (b != b || " + better + ")) || ((a == b || (a != a && b != b)) && bi < at_));\n";
         s += "        if (take) { acc = b; at_ = bi; }\n      }\n";
         s += "      out[r] = at_;\n    }\n";
-    } else {
-        s += "    acc = kiln_block_reduce(acc, [](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(rn.rkind, "a", "b") +
-             "); }, (" + at + "*)smem_, " + identity_text(rn.rkind, acc) + ");\n";
+    } else if (!arg) {
+        const std::string comb = "[](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(rn.rkind, "a", "b") + "); }";
+        if (GL == 0) s += "    acc = kiln_block_reduce(acc, " + comb + ", (" + at + "*)smem_, " + identity_text(rn.rkind, acc) + ");\n";
+        else s += "    acc = kiln_group_reduce<" + gs + ">(acc, " + comb + ");\n";
         if (sig.partial) {
             s += "    if (threadIdx.x == 0) out[blk] = acc;\n";
         } else {
             std::string val = "acc";
             if (rn.rkind == ir::ReduceKind::mean)
                 val = "(acc / (" + at + ")kiln_max(0.0, (double)L - " + literal(rn.correction, DType::f64) + "))";
-            s += "    if (threadIdx.x == 0) out[r] = " + store_conv(rn.dtype, val) + ";\n";
+            s += std::string(GL == 0 ? "    if (threadIdx.x == 0)" : "    if (live_ && lane_ == 0)") + " out[r] = " + store_conv(rn.dtype, val) + ";\n";
         }
     }
-    s += "    __syncthreads();\n  }\n}\n";
+    if (GL == 0) s += "    __syncthreads();\n";
+    s += "  }\n}\n";
     return finish_kernel("red", s);
 }
 

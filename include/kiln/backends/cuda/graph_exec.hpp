@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -79,23 +80,43 @@ inline unsigned grid_for(std::int64_t work, int threads, int device, int waves =
 
 /// Launch shapes, overridable for tuning: KILN_CUDA_EW_UNROLL (vectors per thread per step of an
 /// elementwise kernel), KILN_CUDA_EW_WAVES (its grid, in waves of resident blocks) and
-/// KILN_CUDA_ROW_ELEMS (row elements each thread of a row kernel holds).
+/// KILN_CUDA_ROW_ELEMS (row elements each thread of a row kernel holds) and KILN_CUDA_ROW_LANES
+/// (threads per short row: 0 = a block per row always; 1, 2, ..., 32 = that many; unset = the
+/// heuristic, short_row_lanes).
 struct Tuning {
     int ew_unroll = 1;    // measured on the H100: 1, 2 and 4 within noise of each other (chain64M)
     int ew_waves = 1 << 20;  // grid cap in waves of resident blocks: none (one vector per thread) measured
                              // 96% of copy on chain64M (H100) against 91% with 4 waves and 81% with 1
     int row_elems = 16;   // with exact rows (no bounds checks) 16 f32 per thread keep ~40 registers
+    int row_lanes = -1;   // -1: short_row_lanes decides
     static const Tuning& get() {
         static const Tuning t = [] {
             Tuning r;
             if (const char* e = std::getenv("KILN_CUDA_EW_UNROLL")) r.ew_unroll = std::clamp(std::atoi(e), 1, 8);
             if (const char* e = std::getenv("KILN_CUDA_ROW_ELEMS")) r.row_elems = std::clamp(std::atoi(e), 1, 64);
             if (const char* e = std::getenv("KILN_CUDA_EW_WAVES")) r.ew_waves = std::clamp(std::atoi(e), 1, 1 << 20);
+            if (const char* e = std::getenv("KILN_CUDA_ROW_LANES")) {
+                const int v = std::atoi(e);
+                r.row_lanes = v <= 0 ? 0 : static_cast<int>(std::bit_floor(static_cast<unsigned>(std::min(v, 32))));
+            }
             return r;
         }();
         return t;
     }
 };
+
+/// Threads per row for rows of `units` loads each (vectors of a row kernel, elements of a reduce
+/// kernel) that one warp can hold (units <= max_units): about 4 loads per thread, a power of two
+/// up to 32, so a block of 256 threads takes 8 to 256 rows and reduces them by shuffles alone. 0
+/// (a block per row) for longer rows, or as KILN_CUDA_ROW_LANES says.
+inline int short_row_lanes(std::int64_t units, std::int64_t max_units) {
+    const int forced = Tuning::get().row_lanes;
+    if (forced == 0 || units > max_units) return 0;
+    if (forced > 0) return forced;
+    int lanes = 1;
+    while (lanes < 32 && lanes * 4 < units) lanes *= 2;
+    return lanes;
+}
 
 /// Whether every offset an operand reaches fits a 32-bit index.
 inline bool fits32(const std::vector<std::int64_t>& sz, const std::vector<std::int64_t>& st) {
@@ -436,9 +457,12 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
     const std::int64_t per_thread = std::max<std::int64_t>(1, Tuning::get().row_elems / vec);  // vectors per thread
     int threads = 32;
     while (threads < 1024 && threads * per_thread < nv) threads *= 2;
+    sig.lanes = short_row_lanes(nv, 32 * per_thread);  // a row one warp holds: several rows per block
+    if (sig.lanes > 0) threads = 256;
+    const int per_row = sig.lanes > 0 ? sig.lanes : threads;
     sig.threads = threads;
-    sig.items = static_cast<int>((nv + threads - 1) / threads);
-    sig.exact = lay.L == static_cast<std::int64_t>(threads) * sig.items * vec;
+    sig.items = static_cast<int>((nv + per_row - 1) / per_row);
+    sig.exact = lay.L == static_cast<std::int64_t>(per_row) * sig.items * vec;
     std::vector<int> stored(G.outputs.begin(), G.outputs.end());
     Args a;
     for (std::size_t k = 0; k < nops; ++k) a.add_ptr(reinterpret_cast<const void*>(addr[k]));
@@ -451,9 +475,10 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
         if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
             for (auto s : lay.si[k]) a.add(s);
     }
-    // one block per row (a grid-stride loop over rows kept fewer rows in flight: like the
-    // elementwise grid cap, it measured slower)
-    const std::int64_t blocks = std::min<std::int64_t>(lay.rows, (std::int64_t{1} << 31) - 1);
+    // one block per row, or per 256 / lanes short rows (a grid-stride loop over rows kept fewer
+    // rows in flight: like the elementwise grid cap, it measured slower)
+    const std::int64_t rows_per_block = sig.lanes > 0 ? threads / sig.lanes : 1;
+    const std::int64_t blocks = std::min<std::int64_t>((lay.rows + rows_per_block - 1) / rows_per_block, (std::int64_t{1} << 31) - 1);
     L.add(memo, sig.key(), [&g, &G, stored, sig] { return row_kernel(g, G, stored, sig); }, std::move(a),
           static_cast<unsigned>(blocks), static_cast<unsigned>(threads));
 }
@@ -499,6 +524,7 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
     if (!arg && lay.rows < 2 * sms && lay.L > 8192)
         chunks = std::min<std::int64_t>((lay.L + 4095) / 4096, (4 * sms + lay.rows - 1) / lay.rows);
     sig.partial = chunks > 1;
+    if (!sig.partial) sig.lanes = short_row_lanes(lay.L, 128);
     const DType acc = arg ? compute_dtype(g[rn.in[0]].dtype) : compute_dtype(rn.dtype);
     Tensor partial = sig.partial ? new_on(Shape{lay.rows * chunks}, acc == DType::boolean ? DType::f32 : acc, device) : Tensor();
     Args a;
@@ -514,7 +540,8 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
         if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
             for (auto s : lay.si[k]) a.add(s);
     }
-    const std::int64_t blocks = std::min<std::int64_t>(lay.rows * chunks, static_cast<std::int64_t>(sms) * 32);
+    const std::int64_t units = sig.lanes > 0 ? (lay.rows * sig.lanes + 255) / 256 : lay.rows * chunks;  // blocks' worth of rows
+    const std::int64_t blocks = std::min<std::int64_t>(units, static_cast<std::int64_t>(sms) * 32);
     L.add(memo, sig.key(), [&g, &G, sig] { return reduce_kernel(g, G, sig); }, std::move(a), static_cast<unsigned>(blocks), 256);
     if (!sig.partial) return;
     const std::string ckey = std::to_string(static_cast<int>(rn.rkind)) + "/" + std::to_string(static_cast<int>(acc)) + "/" +
