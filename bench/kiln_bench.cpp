@@ -52,6 +52,7 @@ struct Options {
     double throughput_time = 0.1;  // seconds of back-to-back calls per throughput run of a GPU row
     int min_repeats = 7;
     std::string first_call;  ///< child mode: time the first call of this compiled GPU workload
+    bool first_call_autotune = false;  ///< child mode: compiled with Mode::max_autotune
     bool gpu = true, cpu = true;
 };
 
@@ -219,6 +220,12 @@ public:
     double eager_us(const std::string& workload, int threads) const {
         for (const Row& r : rows_)
             if (r.workload == workload && r.method == "eager" && r.threads == threads) return r.median_us;
+        return 0;
+    }
+    /// The least traffic recorded for a workload's rows (0 where none has it).
+    double bytes_of(const std::string& workload) const {
+        for (const Row& r : rows_)
+            if (r.workload == workload && r.bytes > 0) return r.bytes;
         return 0;
     }
     double throughput_us(const std::string& workload, const std::string& method, int threads) const {
@@ -641,6 +648,20 @@ Model make_model(const std::string& name, kiln::Device dev) {
     return m;
 }
 
+/// The max_autotune rows of a compiled GPU workload: `make(mode)` compiles it and returns its call.
+/// Each row's first call is where the GEMMs are timed (the kernels are already compiled by the
+/// default mode's rows, in memory and on disk); the result is checked against eager after timing.
+void autotune_rows(Bench& b, const std::string& name, const std::function<std::function<Tensor()>(kiln::Mode)>& make, const Tensor& want,
+                   double tol) {
+    for (const auto& [method, mode] : {std::pair{"max_autotune", kiln::Mode::max_autotune},
+                                       std::pair{"max_autotune_no_cg", kiln::Mode::max_autotune_no_cudagraphs}}) {
+        std::function<Tensor()> call = make(mode);
+        Tensor y;
+        b.gpu_row(name, method, b.bytes_of(name), [&] { y = call(); }, 20);
+        check_close("gpu " + name + " " + method, y.cpu(), want.cpu(), tol);
+    }
+}
+
 /// The rows of one model workload on the CPU (threads > 0) or the GPU (threads == Bench::gpu).
 void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads, bool gpu) {
     Model m = make_model(name, dev);
@@ -673,6 +694,10 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
         check_close(name + " reduce_overhead", ro(m.x).cpu(), ye.cpu(), tol);
         time("reduce_overhead", [&] { yr = ro(m.x); }, 20);
         check_close(name + " reduce_overhead (timed)", yr.cpu(), ye.cpu(), tol);
+        autotune_rows(b, name, [&](kiln::Mode mode) {
+            auto c = kiln::compile(m.fn, {.mode = mode});
+            return std::function<Tensor()>([c, x = m.x]() mutable { return c(x); });
+        }, ye, tol);
     }
 }
 
@@ -758,6 +783,10 @@ void bench_bert_base(Bench& b, kiln::Device dev, bool gpu) {
             if (gpu) {
                 check_close(name + " reduce_overhead", ro(ids, mask).cpu(), ye, tol);
                 time("reduce_overhead", [&] { y = ro(ids, mask); });
+                autotune_rows(b, name, [&](kiln::Mode mode) {
+                    auto c = kiln::compile(fn, {.mode = mode});
+                    return std::function<Tensor()>([c, ids, mask]() mutable { return c(ids, mask); });
+                }, ye, tol);
             }
         }
 }
@@ -864,6 +893,12 @@ GpuWorkload gpu_workload(const std::string& name, kiln::Mode mode = kiln::Mode::
         w.in = {gpu(kiln::full({1}, 0.5))};
         auto c = kiln::compile([](const Tensor& v) { return Tensor(kiln::sin(v) + kiln::cos(v)); }, opt);
         w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
+    } else if (name.starts_with("mlp") || name.starts_with("bert_layer") || name == "resnet18") {
+        if (name == "resnet18") kiln::cuda::set_allow_tf32(true);  // as its rows: torch's default TF32 convolutions
+        Model m = make_model(name, kiln::Device::cuda());
+        w.in = {m.x};
+        auto c = kiln::compile(m.fn, opt);
+        w.call = [c](const std::vector<Tensor>& a) mutable { return c(a[0]); };
     } else {
         throw std::invalid_argument("kiln_bench: no GPU workload " + name);
     }
@@ -873,8 +908,8 @@ const char* const gpu_workloads[] = {"chain64M", "bias_gelu", "softmax", "softma
 
 /// Child-process mode: the first call of a compiled GPU workload, in microseconds (the CUDA
 /// context is made first, so only kiln's trace, compile or disk load and the run are counted).
-int first_call_probe(const std::string& name) {
-    GpuWorkload w = gpu_workload(name);
+int first_call_probe(const std::string& name, kiln::Mode mode) {
+    GpuWorkload w = gpu_workload(name, mode);
     kiln::cuda::synchronize(0);
     const auto t0 = Clock::now();
     (void)w.call(w.in);
@@ -883,9 +918,11 @@ int first_call_probe(const std::string& name) {
     return 0;
 }
 
-/// Runs `self --first-call name` and returns the time it printed (0 on failure).
-double warm_start_us(const std::string& self, const std::string& name) {
-    const std::string cmd = "'" + self + "' --first-call " + name;
+/// Runs `self --first-call name [--mode max_autotune]` (with KILN_CACHE_DIR=cache_dir where given)
+/// and returns the time it printed (0 on failure).
+double warm_start_us(const std::string& self, const std::string& name, bool autotune = false, const std::string& cache_dir = "") {
+    const std::string cmd = (cache_dir.empty() ? "" : "KILN_CACHE_DIR='" + cache_dir + "' ") + "'" + self + "' --first-call " + name +
+                            (autotune ? " --mode max_autotune" : "");
     FILE* p = ::popen(cmd.c_str(), "r");
     if (!p) return 0;
     char line[256];
@@ -926,6 +963,10 @@ void bench_gpu(Bench& b, const std::string& self) {
         Tensor out_ro;
         b.gpu_row(name, "reduce_overhead", bytes, [&] { out_ro = ro.call(ro.in); });
         check_close("gpu " + name + " reduce_overhead", out_ro.cpu(), out.cpu(), 1e-5);
+        autotune_rows(b, name, [&](kiln::Mode mode) {
+            auto tw = std::make_shared<GpuWorkload>(gpu_workload(name, mode));
+            return std::function<Tensor()>([tw] { return tw->call(tw->in); });
+        }, out, 1e-5);
         Row warm;
         warm.workload = name;
         warm.method = "warmstart";
@@ -1031,6 +1072,23 @@ void bench_gpu(Bench& b, const std::string& self) {
     }
     for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"})
         if (want(name)) model_rows(b, name, kiln::Device::cuda(), Bench::gpu, true);
+    // max_autotune's whole first call in a new process: cold (an empty kernel cache: trace, NVRTC,
+    // GEMM timing, run) and warm (a second process on that cache: nothing compiled or timed)
+    for (const char* name : {"chain64M", "softmax", "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"}) {
+        if (!want(name)) continue;
+        char dir[] = "/tmp/kiln-bench-tune-XXXXXX";
+        if (!::mkdtemp(dir)) continue;
+        for (const char* method : {"autotune_cold", "autotune_warm"}) {
+            Row r;
+            r.workload = name;
+            r.method = method;
+            r.device = "cuda:0";
+            r.threads = Bench::gpu;
+            r.first_call_us = warm_start_us(self, name, true, dir);
+            b.add_row(r);
+        }
+        std::filesystem::remove_all(dir);
+    }
     bench_bert_base(b, kiln::Device::cuda(), true);
     std::printf("\nGPU summary (%s)\n", props.name.c_str());
     std::vector<const char*> all(std::begin(gpu_workloads), std::end(gpu_workloads));
@@ -1042,10 +1100,10 @@ void bench_gpu(Bench& b, const std::string& self) {
         const auto thru = [&](const char* m) { return b.throughput_us(wl, m, Bench::gpu); };
         const auto lat = [&](const char* m) { return b.median_us(wl, m, Bench::gpu); };
         if (thru("compiled") <= 0) continue;
-        std::printf("  %-21s throughput us: compiled %.1f, reduce_overhead %.1f, fused %.1f, eager %.1f (compiled %.1fx faster "
-                    "than eager); latency us: compiled %.1f, reduce_overhead %.1f\n",
-                    wl, thru("compiled"), thru("reduce_overhead"), thru("fused"), thru("eager"), thru("eager") / thru("compiled"),
-                    lat("compiled"), lat("reduce_overhead"));
+        std::printf("  %-21s throughput us: compiled %.1f, reduce_overhead %.1f, max_autotune %.1f (no graphs %.1f), fused %.1f, "
+                    "eager %.1f (compiled %.1fx faster than eager); latency us: compiled %.1f, reduce_overhead %.1f, max_autotune %.1f\n",
+                    wl, thru("compiled"), thru("reduce_overhead"), thru("max_autotune"), thru("max_autotune_no_cg"), thru("fused"),
+                    thru("eager"), thru("eager") / thru("compiled"), lat("compiled"), lat("reduce_overhead"), lat("max_autotune"));
     }
 }
 
@@ -1063,6 +1121,11 @@ Options parse(int argc, char** argv) {
         else if (a == "--min-time") o.min_time = std::stod(value());
         else if (a == "--throughput-time") o.throughput_time = std::stod(value());
         else if (a == "--first-call") o.first_call = value();
+        else if (a == "--mode") {
+            const std::string m = value();
+            if (m != "max_autotune" && m != "normal") throw std::invalid_argument("kiln_bench: --mode is normal or max_autotune");
+            o.first_call_autotune = m == "max_autotune";
+        }
         else if (a == "--no-gpu") o.gpu = false;
         else if (a == "--no-cpu") o.cpu = false;
         else if (a == "--help" || a == "-h") {
@@ -1078,7 +1141,8 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
     try {
         const Options opt = parse(argc, argv);
-        if (!opt.first_call.empty()) return first_call_probe(opt.first_call);
+        if (!opt.first_call.empty())
+            return first_call_probe(opt.first_call, opt.first_call_autotune ? kiln::Mode::max_autotune : kiln::Mode::normal);
         Bench b(opt);
         b.header();
         if (opt.cpu) {

@@ -36,7 +36,7 @@ import sys
 ORDER = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn", "blackscholes",
          "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18")
 RATE_ROWS = ("copy", "gemm_bf16", "gemm_f32")
-NOT_FOR_BEST = {"warmstart", "host", "memcpy"}
+NOT_FOR_BEST = {"warmstart", "host", "memcpy", "autotune_cold", "autotune_warm"}
 # launch-bound workloads: their headline is latency (one call's time with the GPU idle before it)
 LATENCY_HEADLINE = ("sincos_scalar", "bert_base_b1_f32", "bert_base_b1_bf16")
 GEMM_HEAVY = ("mlp", "bert_layer", "resnet18")
@@ -425,11 +425,15 @@ class Comparison:
             return "—"
 
         cols = [("kiln compiled", self.kiln, "compiled"), ("kiln warmstart", self.kiln, "warmstart"),
+                ("kiln max_autotune (tuning only)", self.kiln, "max_autotune"),
+                ("kiln max_autotune cold", self.kiln, "autotune_cold"), ("kiln max_autotune warm", self.kiln, "autotune_warm"),
                 ("torch compile", self.torch, "compile"), ("torch compile_ro", self.torch, "compile_ro")]
         if not any(first(rows, w, m) != "—" for _, rows, m in cols for w in self.workloads):
             return []
         out = ["## First call (ms): compile included", "",
                "kiln compiled: cold compile (fresh kernel cache); kiln warmstart: a new process, warm disk cache; "
+               "kiln max_autotune (tuning only): its first call in the bench process, kernels already compiled; "
+               "max_autotune cold / warm: its first call in a new process with an empty kernel cache / on that cache after; "
                "torch: torch.compile + first run into a fresh inductor cache (compile_ro may reuse what compile cached).", ""]
         out.append("| workload | " + " | ".join(c[0] for c in cols) + " |")
         out.append("|---|" + "|".join("---:" for _ in cols) + "|")

@@ -10,6 +10,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <limits>
 #include <optional>
 #include <string>
@@ -62,6 +66,49 @@ struct Tf32Scope {
 };
 
 Tensor cuda(const Tensor& t) { return t.to(Device::cuda()); }
+
+/// A fresh KILN_CACHE_DIR for a test's lifetime (the previous value is restored).
+struct CacheDirScope {
+    std::filesystem::path dir;
+    std::string prev;
+    bool had = false;
+    explicit CacheDirScope(const std::string& name) {
+        if (const char* p = std::getenv("KILN_CACHE_DIR")) had = true, prev = p;
+        dir = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+        std::filesystem::remove_all(dir);
+        std::filesystem::create_directories(dir);
+        ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
+    }
+    ~CacheDirScope() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        if (had) ::setenv("KILN_CACHE_DIR", prev.c_str(), 1);
+        else ::unsetenv("KILN_CACHE_DIR");
+    }
+};
+
+/// Captures the log lines of the given channels while alive.
+struct LogCapture {
+    std::vector<std::string> lines;
+    explicit LogCapture(const std::string& channels) {
+        kiln::set_logs(channels);
+        kiln::debug::Logs::instance().set_sink([this](const std::string& l) { lines.push_back(l); });
+    }
+    ~LogCapture() {
+        kiln::set_logs("");
+        kiln::debug::Logs::instance().set_sink({});
+    }
+    int count(const std::string& s) const {
+        int n = 0;
+        for (const auto& l : lines) n += l.find(s) != std::string::npos;
+        return n;
+    }
+};
+
+void write_text(const std::string& path, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
 
 }  // namespace
 
@@ -255,6 +302,36 @@ TEST_CASE("cuda_blas: pointer alignments handed to the heuristic") {
     CHECK(kcd::pointer_alignment(at(0x10000), 24) == 8);  // batch members 24 bytes apart
 }
 
+TEST_CASE("cuda_blas: max_autotune's disk entries are used only where their key text matches and they are well formed") {
+    const CacheDirScope cache("kiln-tune-entries");
+    static_assert(kiln::autotunes(kiln::Mode::max_autotune) && kiln::autotunes(kiln::Mode::max_autotune_no_cudagraphs));
+    static_assert(!kiln::autotunes(kiln::Mode::normal) && !kiln::autotunes(kiln::Mode::reduce_overhead));
+    static_assert(kiln::replays_graphs(kiln::Mode::max_autotune) && !kiln::replays_graphs(kiln::Mode::max_autotune_no_cudagraphs));
+    const std::string key = "kiln gemm autotune v1; a test key";
+    const std::string file = kcd::tuned_gemm_file(key);
+    CHECK(std::filesystem::path(file).parent_path() == cache.dir / "autotune");
+    CHECK(std::filesystem::path(file).filename().string().rfind("gemm-", 0) == 0);
+    CHECK(file != kcd::tuned_gemm_file(key + " "));  // another key, another entry
+    CHECK_FALSE(kcd::read_tuned_algo(file, key).has_value());  // none yet
+    const std::string words = "0000000000000015 0000000000000001 00000000000000ff 0000000000000000 "
+                              "0000000000000000 0000000000000000 0000000000000000 8000000000000000";
+    write_text(file, key + "\n" + words + "\n12.5 us\n");
+    const auto algo = kcd::read_tuned_algo(file, key);
+    REQUIRE(algo.has_value());
+    CHECK(algo->data[0] == 0x15);
+    CHECK(algo->data[2] == 0xff);
+    CHECK(algo->data[7] == 0x8000000000000000ull);
+    CHECK_FALSE(kcd::read_tuned_algo(file, key + "x").has_value());  // it names another key
+    for (const std::string& bad : {std::string(""), key, key + "\n" + words.substr(0, words.size() - 17),  // empty, no algorithm, 7 words
+                                  key + "\n" + words.substr(0, words.size() - 1) + "G",                 // not hex
+                                  key + "\n" + "0000000000000015 00000000000000FF" + words.substr(33),  // upper case
+                                  key + "\n" + "15 1 ff 0 0 0 0 8000000000000000"}) {                 // short words
+        CAPTURE(bad);
+        write_text(file, bad);
+        CHECK_FALSE(kcd::read_tuned_algo(file, key).has_value());
+    }
+}
+
 TEST_CASE("cuda_blas: gemm without a device throws DeviceError" * doctest::test_suite("no_gpu") * doctest::skip(kiln_test::has_cuda())) {
     kcd::GemmProblem p;
     p.m = p.n = p.k = 2;
@@ -404,6 +481,60 @@ TEST_CASE("cuda_blas: epilogues match the CPU composition (f32 rel err < 1e-4)" 
     const Tensor dbiash = cuda(biash);
     CHECK(rel_err(gpu_matmul(cuda(ah), cuda(bh), {33, 65}, DType::bf16, Epilogue{Act::relu, true}, &dbiash),
                   Tensor(kiln::relu(ref_matmul(ah, bh) + biash.to(DType::f64)))) < 2e-2);
+}
+
+TEST_CASE("cuda_blas: max_autotune times the candidates of a new problem, keeps the result, and reads its disk entry after" *
+          doctest::skip(kiln_test::no_cuda())) {
+    const CacheDirScope cache("kiln-tune-gemm");
+    kiln::manual_seed(31);
+    const Tf32Scope strict(false);
+    const Tensor a = kiln::randn({256, 192}), b = kiln::randn({192, 320}), bias = kiln::randn({320});
+    const Tensor ref = kiln::relu(ref_matmul(a, b) + bias.to(DType::f64));
+    const Tensor da = cuda(a), db = cuda(b), dbias = cuda(bias);
+    LogCapture logs("autotune");
+    Tensor tuned;
+    {
+        const kiln::detail::AutotuneScope on(true);
+        tuned = gpu_matmul(da, db, {256, 320}, DType::f32, Epilogue{Act::relu, true}, &dbias);
+    }
+    CHECK(rel_err(tuned, ref) < 1e-5);
+    CHECK(logs.count("candidates") == 1);
+    CHECK(rel_err(gpu_matmul(da, db, {256, 320}, DType::f32, Epilogue{Act::relu, true}, &dbias), ref) < 1e-5);  // untuned plan
+    CHECK(logs.count("candidates") == 1);
+    std::vector<std::filesystem::path> entries;
+    for (const auto& e : std::filesystem::directory_iterator(cache.dir / "autotune")) entries.push_back(e.path());
+    REQUIRE(entries.size() == 1);
+    std::string key_text;
+    std::getline(std::ifstream(entries[0]), key_text);
+    CHECK(key_text.find("256x192") != std::string::npos);
+    CHECK(key_text.find(kc::properties(0).name) != std::string::npos);
+    REQUIRE(kcd::read_tuned_algo(entries[0].string(), key_text).has_value());
+
+    // the same key planned again (as in another process): the entry is read, nothing is timed;
+    // a corrupt entry is timed again and rewritten
+    Tensor out(Shape{256, 320}, DType::f32, Device::cuda());
+    kcd::GemmProblem p;
+    p.m = 256, p.n = 320, p.k = 192;
+    p.a = {false, 192, 0}, p.b = {false, 320, 0}, p.c = {false, 320, 0};
+    p.epilogue = Epilogue{Act::relu, true};
+    const kcd::GemmKey key{p, kcd::pointer_alignment(da.data_ptr()), kcd::pointer_alignment(db.data_ptr()),
+                           kcd::pointer_alignment(out.data_ptr()), kcd::pointer_alignment(dbias.data_ptr()), true};
+    REQUIRE(kcd::gemm_tune_key_text(key, 0) == key_text);
+    kcd::BlasState& st = kcd::blas_state(0);
+    const auto stream = kc::current_stream(0);
+    auto plan = kcd::tune_gemm_plan(st.handle, key, da.data_ptr(), db.data_ptr(), out.data_ptr(), dbias.data_ptr(), 0, stream,
+                                    st.workspaces.at(stream));
+    CHECK(logs.count("(from ") == 1);
+    CHECK(logs.count("candidates") == 1);
+    CHECK(std::equal(std::begin(plan->algo.data), std::end(plan->algo.data),
+                     std::begin(kcd::read_tuned_algo(entries[0].string(), key_text)->data)));
+    write_text(entries[0].string(), key_text + "\nnot an algorithm\n");
+    plan = kcd::tune_gemm_plan(st.handle, key, da.data_ptr(), db.data_ptr(), out.data_ptr(), dbias.data_ptr(), 0, stream,
+                               st.workspaces.at(stream));
+    CHECK(logs.count("candidates") == 2);
+    CHECK(kcd::read_tuned_algo(entries[0].string(), key_text).has_value());
+    kc::synchronize(0);
+    CHECK(rel_err(out.cpu(), ref) < 1e-5);  // the candidates' runs wrote the product (the last one timed)
 }
 
 TEST_CASE("cuda_blas: empty products and k == 0" * doctest::skip(kiln_test::no_cuda())) {

@@ -402,6 +402,26 @@ TEST_CASE("cuda: reduce_overhead replays CUDA graphs, binds stable inputs and ne
     for (int i = 0; i < 3; ++i) CHECK(rel_err(f(cu(x2)), ref_fn(x2)) < 1e-5);
 }
 
+TEST_CASE("cuda: max_autotune and max_autotune_no_cudagraphs match eager; the first replays graphs, the second launches" *
+          doctest::skip(kiln_test::no_cuda())) {
+    const Tensor w1 = randn({64, 128}), b1 = randn({128}), w2 = randn({128, 48});
+    const Tensor w1d = cu(w1), b1d = cu(b1), w2d = cu(w2);
+    auto fn = [&](const Tensor& x) { return softmax(matmul(Tensor(gelu_tanh(matmul(x, w1d) + b1d)), w2d), -1); };
+    auto ref_fn = [&](const Tensor& x) { return softmax(matmul(Tensor(gelu_tanh(matmul(x, w1) + b1)), w2), -1); };
+    for (Mode mode : {Mode::max_autotune, Mode::max_autotune_no_cudagraphs}) {
+        CAPTURE(static_cast<int>(mode));
+        auto f = compile(fn, {.mode = mode});
+        const cuda::GraphStats s0 = cuda::graph_stats();
+        for (std::int64_t rows : {32, 32, 32, 32, 7, 7, 7}) {  // a second shape is tuned in its first call
+            const Tensor x = randn({rows, 64});
+            CHECK(rel_err(f(cu(x)), ref_fn(x)) < 1e-5);
+        }
+        const cuda::GraphStats s1 = cuda::graph_stats();
+        if (mode == Mode::max_autotune) CHECK(s1.replays - s0.replays >= 3);
+        else CHECK(s1.replays == s0.replays);
+    }
+}
+
 TEST_CASE("cuda: nn blocks (Linear epilogues, BertLayer, Embedding) match the CPU: direct, compiled, reduce_overhead" * doctest::skip(kiln_test::no_cuda())) {
     manual_seed(21);
     nn::BertLayer cpu_layer(64, 4, 128);

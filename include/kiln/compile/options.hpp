@@ -30,10 +30,19 @@ enum class Dynamic : std::uint8_t {
     off,        ///< every new size recompiles
 };
 /// How a compiled program runs on a CUDA device.
+/// The names follow torch.compile's modes.
 enum class Mode : std::uint8_t {
     normal,           ///< launch each kernel of each call
     reduce_overhead,  ///< replay each call as one CUDA graph (backends/cuda/graphs.hpp has the rules); the CPU ignores it
+    /// reduce_overhead, and the first call of each shape times the candidate algorithms of every
+    /// new GEMM problem (cuBLASLt's heuristic's top ones, split-K included) and keeps the fastest,
+    /// remembered in the disk cache (backends/cuda/blas.hpp; KILN_LOGS=autotune prints the times)
+    max_autotune,
+    max_autotune_no_cudagraphs,  ///< max_autotune without CUDA graphs: each call launches its kernels
 };
+/// Whether a mode replays CUDA graphs, and whether it autotunes.
+constexpr bool replays_graphs(Mode m) { return m == Mode::reduce_overhead || m == Mode::max_autotune; }
+constexpr bool autotunes(Mode m) { return m == Mode::max_autotune || m == Mode::max_autotune_no_cudagraphs; }
 /// What happens when a function would compile more than Options::recompile_limit times.
 enum class Stance : std::uint8_t { fallback_eager, error };
 

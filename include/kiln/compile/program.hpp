@@ -351,11 +351,17 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
                                           std::shared_ptr<const fuse::DeviceBackend> be);
 
 /// The device's executable for an optimized graph (device: a CUDA device index, or -1 for the
-/// CPU), replayed as CUDA graphs under Mode::reduce_overhead where the device has them.
+/// CPU), replayed as CUDA graphs under Mode::reduce_overhead and max_autotune where the device has
+/// them; under the max_autotune modes each call runs with autotuning on (kiln::detail::AutotuneScope).
 inline Executable make_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic, int device = -1) {
     const std::shared_ptr<const fuse::DeviceBackend> be = backend_for(device);
     Executable e = make_backend_executable(g, opt, kernels, dynamic, be);
-    return opt.mode == Mode::reduce_overhead ? be->replayed(std::move(e)) : e;
+    if (autotunes(opt.mode))
+        e = [inner = std::move(e)](const std::vector<Tensor>& in) {
+            const AutotuneScope tuning(true);
+            return inner(in);
+        };
+    return replays_graphs(opt.mode) ? be->replayed(std::move(e)) : e;
 }
 
 inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic,

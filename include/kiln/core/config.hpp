@@ -27,3 +27,21 @@
 #ifndef KILN_FUSED_LOOPS
 #define KILN_FUSED_LOOPS 1
 #endif
+
+namespace kiln::detail {
+/// Whether the work this thread queues now belongs to a call of a program compiled with
+/// Mode::max_autotune (or max_autotune_no_cudagraphs): where it is set, the CUDA backend times
+/// candidate configurations of each new GEMM problem and keeps the fastest (backends/cuda/blas.hpp).
+inline bool& autotune_active() {
+    thread_local bool on = false;
+    return on;
+}
+/// Sets autotune_active() for a scope (restores the previous value).
+struct AutotuneScope {
+    bool prev;
+    explicit AutotuneScope(bool on) : prev(autotune_active()) { autotune_active() = on; }
+    ~AutotuneScope() { autotune_active() = prev; }
+    AutotuneScope(const AutotuneScope&) = delete;
+    AutotuneScope& operator=(const AutotuneScope&) = delete;
+};
+}  // namespace kiln::detail

@@ -12,8 +12,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kiln/backends/cuda/driver.hpp"
+#include "kiln/core/config.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/tables/activations.hpp"
@@ -205,10 +207,12 @@ struct GemmPlan {
     cublasLtMatmulAlgo_t algo{};
 };
 
-/// The plan cache key: the problem plus the pointer alignments the algorithm was chosen for.
+/// The plan cache key: the problem plus the pointer alignments the algorithm was chosen for, and
+/// whether it was chosen by timing (max_autotune) or by the heuristic alone.
 struct GemmKey {
     GemmProblem problem;
     std::uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0;
+    bool tuned = false;
     auto operator<=>(const GemmKey&) const = default;
 };
 
@@ -269,6 +273,9 @@ inline void init_layout(cublasLtMatrixLayoutOpaque_t& l, const GemmProblem& p, s
                "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", p);
 }
 
+inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandle_t handle, const GemmKey& key, GemmPlan& plan,
+                                                                   const void* bias, int count);
+
 /// Builds the layouts and asks the heuristic for the best algorithm under the key's alignments.
 inline std::unique_ptr<GemmPlan> make_gemm_plan(cublasLtHandle_t handle, const GemmKey& key, const void* bias) {
     const GemmProblem& p = key.problem;
@@ -282,9 +289,18 @@ inline std::unique_ptr<GemmPlan> make_gemm_plan(cublasLtHandle_t handle, const G
     init_layout(plan->lt_b, p, p.a.transposed ? p.m : p.k, p.a.transposed ? p.k : p.m, p.a.ld, p.a.batch_stride);
     init_layout(plan->lt_d, p, p.n, p.m, p.c.ld, p.c.batch_stride);
 
-    cublasLtMatmulDescOpaque_t desc;
-    init_matmul_desc(desc, p, plan->op_a, plan->op_b, bias);
+    const std::vector<cublasLtMatmulHeuristicResult_t> found = gemm_heuristic(handle, key, *plan, bias, 1);
+    plan->algo = found.front().algo;
+    return plan;
+}
 
+/// What cuBLASLt's heuristic ranks first for the key (best first, at most `count`, each one's state
+/// a success); throws DeviceError when it has none.
+inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandle_t handle, const GemmKey& key, GemmPlan& plan,
+                                                                   const void* bias, int count) {
+    const GemmProblem& p = key.problem;
+    cublasLtMatmulDescOpaque_t desc;
+    init_matmul_desc(desc, p, plan.op_a, plan.op_b, bias);
     cublasLtMatmulPreference_t pref = nullptr;
     check_blas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", p);
     struct PrefGuard {
@@ -302,18 +318,37 @@ inline std::unique_ptr<GemmPlan> make_gemm_plan(cublasLtHandle_t handle, const G
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C)");
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D)");
 
-    cublasLtMatmulHeuristicResult_t result{};
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(count));
     int found = 0;
-    check_blas(cublasLtMatmulAlgoGetHeuristic(handle, &desc, &plan->lt_a, &plan->lt_b, &plan->lt_d, &plan->lt_d, pref, 1,
-                                              &result, &found),
+    check_blas(cublasLtMatmulAlgoGetHeuristic(handle, &desc, &plan.lt_a, &plan.lt_b, &plan.lt_d, &plan.lt_d, pref, count,
+                                              results.data(), &found),
                "cublasLtMatmulAlgoGetHeuristic", p);
-    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
+    results.resize(static_cast<std::size_t>(std::max(found, 0)));
+    std::erase_if(results, [](const cublasLtMatmulHeuristicResult_t& r) { return r.state != CUBLAS_STATUS_SUCCESS; });
+    if (results.empty())
         throw DeviceError("kiln::cuda::gemm: cuBLASLt has no algorithm for " + describe(p) + " (alignments A " +
                           std::to_string(key.align_a) + ", B " + std::to_string(key.align_b) + ", C " +
                           std::to_string(key.align_c) + " bytes)");
-    plan->algo = result.algo;
-    return plan;
+    return results;
 }
+
+/// max_autotune's plan for a key: the heuristic's top candidates (up to 16, split-K ones among
+/// them) timed on this call's operands on `stream`, the fastest kept (the heuristic's first unless
+/// another is at least 2% faster), and remembered in the disk cache under the key, the GPU and
+/// cuBLASLt's version, so that another process reads it instead of timing. The stream is
+/// synchronized while timing (this runs in a first call, never during a graph capture); c is
+/// overwritten. Defined in blas_impl.hpp.
+/// What a tuned choice depends on, as text (the problem, the alignments, the GPU, cuBLASLt's
+/// version: an algorithm is valid only for the version that made it), and the disk entry that
+/// remembers it: <cache dir>/autotune/gemm-<hash of the text>.txt, holding the text, the algorithm
+/// (8 words in hex) and its time. An entry is used only where its text matches exactly.
+KILN_DECL std::string gemm_tune_key_text(const GemmKey& key, int device);
+KILN_DECL std::string tuned_gemm_file(const std::string& key_text);
+/// The algorithm the entry at `file` holds for `key_text`; nullopt where there is no entry, it
+/// names another key, or it is malformed (it is then timed again and overwritten).
+KILN_DECL std::optional<cublasLtMatmulAlgo_t> read_tuned_algo(const std::string& file, const std::string& key_text);
+KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, const GemmKey& key, const void* a, const void* b, void* c,
+                                                   const void* bias, int device, CUstream stream, GemmWorkspace& workspace);
 
 #endif  // KILN_CUDA_BLAS_ENABLED
 
@@ -331,20 +366,20 @@ inline void gemm(const GemmProblem& p, const void* a, const void* b, void* c, co
     use_device(device, "cuda::gemm");
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
     const bool batched = p.batch > 1;
+    // max_autotune times a new problem's candidates, never while a graph is captured (nothing may
+    // wait for the device then): a capture uses the plan its first call tuned, else the heuristic's
     GemmKey key{p,
                 pointer_alignment(a, batched ? p.a.batch_stride * es : 0),
                 pointer_alignment(b, batched ? p.b.batch_stride * es : 0),
                 pointer_alignment(c, batched ? p.c.batch_stride * es : 0),
-                epilogue_has_bias(p.epilogue) ? pointer_alignment(bias) : 0u};
+                epilogue_has_bias(p.epilogue) ? pointer_alignment(bias) : 0u,
+                kiln::detail::autotune_active()};
     BlasState& s = blas_state(device);
     GemmPlan* plan = nullptr;  // cuBLASLt takes non-const layouts but only reads them
     GemmWorkspace* workspace = nullptr;
     {
         std::lock_guard<std::mutex> lock(s.mutex);
         if (!s.handle) check_blas(cublasLtCreate(&s.handle), "cublasLtCreate", p);
-        auto it = s.plans.find(key);
-        if (it == s.plans.end()) it = s.plans.emplace(key, make_gemm_plan(s.handle, key, bias)).first;
-        plan = it->second.get();
         auto ws = s.workspaces.find(stream);
         if (ws == s.workspaces.end()) {
             CUdeviceptr ptr = 0;
@@ -353,6 +388,15 @@ inline void gemm(const GemmProblem& p, const void* a, const void* b, void* c, co
             ws->second.ptr = ptr;
         }
         workspace = &ws->second;
+        auto it = s.plans.find(key);
+        if (it == s.plans.end() && key.tuned && capturing(stream)) {
+            key.tuned = false;  // not tuned before the capture: the heuristic's plan
+            it = s.plans.find(key);
+        }
+        if (it == s.plans.end())
+            it = s.plans.emplace(key, key.tuned ? tune_gemm_plan(s.handle, key, a, b, c, bias, device, stream, *workspace)
+                                                : make_gemm_plan(s.handle, key, bias)).first;
+        plan = it->second.get();
     }
     // The descriptor carries this call's bias pointer, so it is made per call (on the stack, cheap).
     cublasLtMatmulDescOpaque_t desc;
@@ -374,5 +418,9 @@ inline void gemm(const GemmProblem& p, const void* a, const void* b, void* c, co
 
 }  // namespace detail
 }  // namespace kiln::cuda
+
+#if KILN_HEADER_ONLY && KILN_CUDA_BLAS_ENABLED
+#include "kiln/backends/cuda/blas_impl.hpp"
+#endif
 
 #undef KILN_CUDA_BLAS_ENABLED

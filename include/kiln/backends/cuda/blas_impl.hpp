@@ -1,0 +1,139 @@
+// max_autotune for GEMMs (declared in blas.hpp): time cuBLASLt's candidate algorithms for a
+// problem, keep the fastest, remember it on disk. Compiled once in separate mode.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln/backends/cuda/blas.hpp"
+#include "kiln/cache/files.hpp"
+#include "kiln/debug/logs.hpp"
+
+namespace kiln::cuda::detail {
+
+KILN_DECL std::string gemm_tune_key_text(const GemmKey& key, int device) {
+    const GemmProblem& p = key.problem;
+    const DeviceProperties& props = properties(device);
+    std::ostringstream s;
+    s << "kiln gemm autotune v1; " << props.name << " sm_" << props.arch() << "; cuBLASLt " << cublasLtGetVersion() << "; "
+      << describe(p) << "; m " << p.m << " n " << p.n << " k " << p.k << " batch " << p.batch << "; A " << p.a.transposed << "/"
+      << p.a.ld << "/" << p.a.batch_stride << " B " << p.b.transposed << "/" << p.b.ld << "/" << p.b.batch_stride << " C "
+      << p.c.ld << "/" << p.c.batch_stride << "; align " << key.align_a << " " << key.align_b << " " << key.align_c << " "
+      << key.align_bias;
+    return s.str();
+}
+
+/// "id 21 tile 18 split-k 4 stages 9": what an algorithm is, for KILN_LOGS=autotune.
+inline std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
+    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+        std::int64_t v = 0;  // every attribute read here is at most 8 bytes; unread bytes stay 0
+        std::size_t written = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return std::int64_t{-1};
+        return v;
+    };
+    return "id " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile " + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
+           " split-k " + std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " stages " +
+           std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID));
+}
+
+KILN_DECL std::string tuned_gemm_file(const std::string& key_text) {
+    return (std::filesystem::path(cache::cache_dir()) / "autotune" / ("gemm-" + cache::to_hex(cache::hash64(key_text)) + ".txt")).string();
+}
+
+KILN_DECL std::optional<cublasLtMatmulAlgo_t> read_tuned_algo(const std::string& file, const std::string& text) {
+    std::ifstream in(file);
+    if (!in) return std::nullopt;
+    std::string line;
+    if (!std::getline(in, line) || line != text) return std::nullopt;
+    if (!std::getline(in, line)) return std::nullopt;
+    cublasLtMatmulAlgo_t algo{};
+    std::istringstream words(line);
+    for (auto& w : algo.data) {
+        std::string hex;
+        if (!(words >> hex) || hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) return std::nullopt;
+        w = std::stoull(hex, nullptr, 16);
+    }
+    return algo;
+}
+
+KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, const GemmKey& key, const void* a, const void* b, void* c,
+                                                   const void* bias, int device, CUstream stream, GemmWorkspace& workspace) {
+    std::unique_ptr<GemmPlan> plan = make_gemm_plan(handle, key, bias);  // layouts, and the heuristic's first choice
+    const GemmProblem& p = key.problem;
+    const std::string text = gemm_tune_key_text(key, device);
+    const std::string file = tuned_gemm_file(text);
+    cublasLtMatmulDescOpaque_t desc;
+    init_matmul_desc(desc, p, plan->op_a, plan->op_b, bias);
+    if (const auto cached = read_tuned_algo(file, text)) {
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(handle, &desc, &plan->lt_a, &plan->lt_b, &plan->lt_d, &plan->lt_d, &*cached, &check) ==
+                CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= gemm_workspace_bytes) {
+            plan->algo = *cached;
+            if (debug::log_on("autotune"))
+                debug::log("autotune", "gemm " + describe(p) + ": " + describe_algo(plan->algo) + " (from " + file + ")");
+            return plan;
+        }
+    }
+    const std::vector<cublasLtMatmulHeuristicResult_t> cands = gemm_heuristic(handle, key, *plan, bias, 16);
+    const float one_f = 1.0f, zero_f = 0.0f;
+    const double one_d = 1.0, zero_d = 0.0;
+    const void* alpha = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
+    const void* beta = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(handle, &desc, alpha, b, &plan->lt_a, a, &plan->lt_b, beta, c, &plan->lt_d, c, &plan->lt_d, &algo,
+                              reinterpret_cast<void*>(workspace.ptr), gemm_workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
+    };
+    Event e0(device), e1(device);
+    std::vector<double> us(cands.size(), -1);  // -1: the candidate failed to run
+    {
+        std::lock_guard<std::mutex> launch(workspace.launch);
+        for (std::size_t i = 0; i < cands.size(); ++i) {
+            if (cands[i].workspaceSize > gemm_workspace_bytes || run(cands[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+            e0.record(stream);  // a warm-up run, timed to size the repeats
+            (void)run(cands[i].algo);
+            e1.record(stream);
+            const double once = std::max(1e-3, static_cast<double>(e1.elapsed_ms(e0)));
+            const int reps = static_cast<int>(std::clamp(2.0 / once, 3.0, 50.0));  // about 2 ms of runs, 3 to 50
+            double best = 1e30;
+            for (int round = 0; round < 3; ++round) {  // the best of three rounds: the least disturbed
+                e0.record(stream);
+                for (int r = 0; r < reps; ++r) (void)run(cands[i].algo);
+                e1.record(stream);
+                best = std::min(best, 1e3 * static_cast<double>(e1.elapsed_ms(e0)) / reps);
+            }
+            us[i] = best;
+        }
+    }
+    // the heuristic's first unless another runs at least 2% faster (timing noise never trades it)
+    std::size_t pick = 0;
+    for (std::size_t i = 1; i < cands.size(); ++i)
+        if (us[i] > 0 && (us[pick] < 0 || us[i] < 0.98 * us[pick])) pick = i;
+    if (us[pick] < 0) throw DeviceError("kiln::cuda::gemm: max_autotune: no candidate algorithm ran for " + describe(p));
+    plan->algo = cands[pick].algo;
+    if (debug::log_on("autotune")) {
+        std::string line = "gemm " + describe(p) + ": " + std::to_string(cands.size()) + " candidates";
+        for (std::size_t i = 0; i < cands.size(); ++i) {
+            char t[32];
+            std::snprintf(t, sizeof t, "%.2f us", us[i]);
+            line += "\n  " + std::string(i == pick ? "* " : "  ") + "#" + std::to_string(i) + " " + describe_algo(cands[i].algo) + ": " +
+                    (us[i] < 0 ? std::string("did not run") : std::string(t));
+        }
+        debug::log("autotune", line);
+    }
+    std::ostringstream entry;
+    entry << text << "\n";
+    for (std::size_t w = 0; w < 8; ++w) entry << (w ? " " : "") << cache::to_hex(plan->algo.data[w]);
+    entry << "\n" << us[pick] << " us (heuristic's first: " << us[0] << " us)\n";
+    std::string why;
+    if (!cache::detail::write_file_atomically(file, entry.str(), why) && debug::log_on("autotune"))
+        debug::log("autotune", "not remembered: " + why);
+    return plan;
+}
+
+}  // namespace kiln::cuda::detail
