@@ -1,5 +1,6 @@
-// max_autotune for GEMMs (declared in blas.hpp): time cuBLASLt's candidate algorithms for a
-// problem, keep the fastest, remember it on disk. Compiled once in separate mode.
+// max_autotune for GEMMs (declared in blas.hpp, which includes this file at its end where the
+// definitions are wanted): time cuBLASLt's candidate algorithms for a problem, keep the fastest,
+// remember it on disk. Compiled once in separate mode.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "kiln/backends/cuda/blas.hpp"
 #include "kiln/cache/files.hpp"
 #include "kiln/debug/logs.hpp"
 
