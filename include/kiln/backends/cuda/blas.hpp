@@ -333,8 +333,8 @@ inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandl
 }
 
 /// max_autotune's plan for a key: the heuristic's top candidates (up to 16, split-K ones among
-/// them) timed on this call's operands on `stream`, the fastest kept (the heuristic's first unless
-/// another is at least 2% faster), and remembered in the disk cache under the key, the GPU and
+/// them) timed on this call's operands on `stream` (the median of 15 runs, each after L2 is
+/// flushed), the fastest kept (the heuristic's first unless another is at least 3% faster), and remembered in the disk cache under the key, the GPU and
 /// cuBLASLt's version, so that another process reads it instead of timing. The stream is
 /// synchronized while timing (this runs in a first call, never during a graph capture); c is
 /// overwritten. Defined in blas_impl.hpp.
