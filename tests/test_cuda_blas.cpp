@@ -494,7 +494,7 @@ TEST_CASE("cuda_blas: max_autotune times the candidates of a new problem, keeps 
     LogCapture logs("autotune");
     Tensor tuned;
     {
-        const kiln::detail::AutotuneScope on(true);
+        const kiln::detail::AutotuneScope on(kiln::detail::Autotune::graphs);
         tuned = gpu_matmul(da, db, {256, 320}, DType::f32, Epilogue{Act::relu, true}, &dbias);
     }
     CHECK(rel_err(tuned, ref) < 1e-5);
@@ -518,7 +518,8 @@ TEST_CASE("cuda_blas: max_autotune times the candidates of a new problem, keeps 
     p.a = {false, 192, 0}, p.b = {false, 320, 0}, p.c = {false, 320, 0};
     p.epilogue = Epilogue{Act::relu, true};
     const kcd::GemmKey key{p, kcd::pointer_alignment(da.data_ptr()), kcd::pointer_alignment(db.data_ptr()),
-                           kcd::pointer_alignment(out.data_ptr()), kcd::pointer_alignment(dbias.data_ptr()), true};
+                           kcd::pointer_alignment(out.data_ptr()), kcd::pointer_alignment(dbias.data_ptr()),
+                           kiln::detail::Autotune::graphs};
     REQUIRE(kcd::gemm_tune_key_text(key, 0) == key_text);
     kcd::BlasState& st = kcd::blas_state(0);
     const auto stream = kc::current_stream(0);

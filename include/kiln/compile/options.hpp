@@ -38,7 +38,9 @@ enum class Mode : std::uint8_t {
     /// new GEMM problem (cuBLASLt's heuristic's top ones, split-K included) and keeps the fastest,
     /// remembered in the disk cache (backends/cuda/blas.hpp; KILN_LOGS=autotune prints the times)
     max_autotune,
-    max_autotune_no_cudagraphs,  ///< max_autotune without CUDA graphs: each call launches its kernels
+    /// max_autotune without CUDA graphs: each call launches its kernels, so a candidate costs at
+    /// least the host's time to queue it (a split-K algorithm's second kernel is not free here)
+    max_autotune_no_cudagraphs,
 };
 /// Whether a mode replays CUDA graphs, and whether it autotunes.
 constexpr bool replays_graphs(Mode m) { return m == Mode::reduce_overhead || m == Mode::max_autotune; }

@@ -357,8 +357,8 @@ inline Executable make_executable(const ir::Graph& g, const Options& opt, int& k
     const std::shared_ptr<const fuse::DeviceBackend> be = backend_for(device);
     Executable e = make_backend_executable(g, opt, kernels, dynamic, be);
     if (autotunes(opt.mode))
-        e = [inner = std::move(e)](const std::vector<Tensor>& in) {
-            const AutotuneScope tuning(true);
+        e = [inner = std::move(e), how = replays_graphs(opt.mode) ? Autotune::graphs : Autotune::launches](const std::vector<Tensor>& in) {
+            const AutotuneScope tuning(how);
             return inner(in);
         };
     return replays_graphs(opt.mode) ? be->replayed(std::move(e)) : e;

@@ -29,17 +29,22 @@
 #endif
 
 namespace kiln::detail {
-/// Whether the work this thread queues now belongs to a call of a program compiled with
-/// Mode::max_autotune (or max_autotune_no_cudagraphs): where it is set, the CUDA backend times
-/// candidate configurations of each new GEMM problem and keeps the fastest (backends/cuda/blas.hpp).
-inline bool& autotune_active() {
-    thread_local bool on = false;
+/// Whether the work this thread queues now belongs to a call of a program compiled with a
+/// max_autotune mode, and how that program runs: where it is set, the CUDA backend times candidate
+/// configurations of each new GEMM problem and keeps the fastest (backends/cuda/blas.hpp).
+enum class Autotune : unsigned char {
+    off,
+    graphs,    ///< Mode::max_autotune: replayed as CUDA graphs, a candidate costs its GPU time
+    launches,  ///< max_autotune_no_cudagraphs: launched per call, a candidate costs at least its launches
+};
+inline Autotune& autotune_active() {
+    thread_local Autotune on = Autotune::off;
     return on;
 }
 /// Sets autotune_active() for a scope (restores the previous value).
 struct AutotuneScope {
-    bool prev;
-    explicit AutotuneScope(bool on) : prev(autotune_active()) { autotune_active() = on; }
+    Autotune prev;
+    explicit AutotuneScope(Autotune on) : prev(autotune_active()) { autotune_active() = on; }
     ~AutotuneScope() { autotune_active() = prev; }
     AutotuneScope(const AutotuneScope&) = delete;
     AutotuneScope& operator=(const AutotuneScope&) = delete;

@@ -208,11 +208,11 @@ struct GemmPlan {
 };
 
 /// The plan cache key: the problem plus the pointer alignments the algorithm was chosen for, and
-/// whether it was chosen by timing (max_autotune) or by the heuristic alone.
+/// whether it was chosen by the heuristic alone (off) or by timing, for graphs or for launches.
 struct GemmKey {
     GemmProblem problem;
     std::uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0;
-    bool tuned = false;
+    kiln::detail::Autotune tuned = kiln::detail::Autotune::off;
     auto operator<=>(const GemmKey&) const = default;
 };
 
@@ -334,7 +334,8 @@ inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandl
 
 /// max_autotune's plan for a key: the heuristic's top candidates (up to 16, split-K ones among
 /// them) timed on this call's operands on `stream` (the median of 15 runs, each after L2 is
-/// flushed), the fastest kept (the heuristic's first unless another is at least 3% faster), and remembered in the disk cache under the key, the GPU and
+/// flushed; for Autotune::launches a run costs at least the host's time to queue it, which is what
+/// a call without CUDA graphs pays where the GPU outruns the host), the fastest kept (the heuristic's first unless another is at least 3% faster), and remembered in the disk cache under the key, the GPU and
 /// cuBLASLt's version, so that another process reads it instead of timing. The stream is
 /// synchronized while timing (this runs in a first call, never during a graph capture); c is
 /// overwritten. Defined in blas_impl.hpp.
@@ -389,12 +390,13 @@ inline void gemm(const GemmProblem& p, const void* a, const void* b, void* c, co
         }
         workspace = &ws->second;
         auto it = s.plans.find(key);
-        if (it == s.plans.end() && key.tuned && capturing(stream)) {
-            key.tuned = false;  // not tuned before the capture: the heuristic's plan
+        const bool tuned = key.tuned != kiln::detail::Autotune::off;
+        if (it == s.plans.end() && tuned && capturing(stream)) {
+            key.tuned = kiln::detail::Autotune::off;  // not tuned before the capture: the heuristic's plan
             it = s.plans.find(key);
         }
         if (it == s.plans.end())
-            it = s.plans.emplace(key, key.tuned ? tune_gemm_plan(s.handle, key, a, b, c, bias, device, stream, *workspace)
+            it = s.plans.emplace(key, key.tuned != kiln::detail::Autotune::off ? tune_gemm_plan(s.handle, key, a, b, c, bias, device, stream, *workspace)
                                                 : make_gemm_plan(s.handle, key, bias)).first;
         plan = it->second.get();
     }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +25,7 @@ KILN_DECL std::string gemm_tune_key_text(const GemmKey& key, int device) {
       << describe(p) << "; m " << p.m << " n " << p.n << " k " << p.k << " batch " << p.batch << "; A " << p.a.transposed << "/"
       << p.a.ld << "/" << p.a.batch_stride << " B " << p.b.transposed << "/" << p.b.ld << "/" << p.b.batch_stride << " C "
       << p.c.ld << "/" << p.c.batch_stride << "; align " << key.align_a << " " << key.align_b << " " << key.align_c << " "
-      << key.align_bias;
+      << key.align_bias << "; for " << (key.tuned == kiln::detail::Autotune::launches ? "launches" : "graphs");
     return s.str();
 }
 
@@ -115,9 +116,12 @@ KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, cons
             for (int r = 0; r < 15; ++r) {  // the median of 15 runs, each from a cold L2
                 if (flush) check(driver().memset_d8_async(flush, static_cast<unsigned char>(r), flush_bytes, stream), "cuMemsetD8Async");
                 e0.record(stream);
+                const auto h0 = std::chrono::steady_clock::now();
                 (void)run(cands[i].algo);
+                const double host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
                 e1.record(stream);
-                runs.push_back(1e3 * static_cast<double>(e1.elapsed_ms(e0)));
+                const double gpu = 1e3 * static_cast<double>(e1.elapsed_ms(e0));
+                runs.push_back(key.tuned == kiln::detail::Autotune::launches ? std::max(gpu, host) : gpu);
             }
             std::nth_element(runs.begin(), runs.begin() + 7, runs.end());
             us[i] = runs[7];
