@@ -333,9 +333,11 @@ inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandl
 }
 
 /// max_autotune's plan for a key: the heuristic's top candidates (up to 16, split-K ones among
-/// them) timed on this call's operands on `stream` (the median of 15 runs, each after L2 is
-/// flushed; for Autotune::launches a run costs at least the host's time to queue it, which is what
-/// a call without CUDA graphs pays where the GPU outruns the host), the fastest kept (the heuristic's first unless another is at least 3% faster), and remembered in the disk cache under the key, the GPU and
+/// them) timed on this call's operands on `stream` (medians of 15 runs each after L2 is flushed,
+/// and of 15 runs back to back; for Autotune::launches a run costs at least the host's time to
+/// queue it, which is what a call without CUDA graphs pays where the GPU outruns the host); the
+/// heuristic's first is kept unless another is no slower both ways and 3% faster one way, and the
+/// choice is remembered in the disk cache under the key, the GPU and
 /// cuBLASLt's version, so that another process reads it instead of timing. The stream is
 /// synchronized while timing (this runs in a first call, never during a graph capture); c is
 /// overwritten. Defined in blas_impl.hpp.
