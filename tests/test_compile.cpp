@@ -24,23 +24,7 @@ namespace {
 
 using kiln_test::maxdiff;
 
-/// Captures log lines of the given channels while alive.
-struct LogCapture {
-    std::vector<std::string> lines;
-    explicit LogCapture(const std::string& channels) {
-        kiln::set_logs(channels);
-        kiln::debug::Logs::instance().set_sink([this](const std::string& l) { lines.push_back(l); });
-    }
-    ~LogCapture() {
-        kiln::set_logs("");
-        kiln::debug::Logs::instance().set_sink({});
-    }
-    bool contains(const std::string& s) const {
-        for (const auto& l : lines)
-            if (l.find(s) != std::string::npos) return true;
-        return false;
-    }
-};
+using kiln_test::LogCapture;
 
 }  // namespace
 

@@ -87,23 +87,7 @@ struct CacheDirScope {
     }
 };
 
-/// Captures the log lines of the given channels while alive.
-struct LogCapture {
-    std::vector<std::string> lines;
-    explicit LogCapture(const std::string& channels) {
-        kiln::set_logs(channels);
-        kiln::debug::Logs::instance().set_sink([this](const std::string& l) { lines.push_back(l); });
-    }
-    ~LogCapture() {
-        kiln::set_logs("");
-        kiln::debug::Logs::instance().set_sink({});
-    }
-    int count(const std::string& s) const {
-        int n = 0;
-        for (const auto& l : lines) n += l.find(s) != std::string::npos;
-        return n;
-    }
-};
+using kiln_test::LogCapture;
 
 void write_text(const std::string& path, const std::string& text) {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());

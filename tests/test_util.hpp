@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 namespace kiln_test {
 
@@ -34,5 +36,27 @@ inline double maxdiff(const kiln::Tensor& a, const kiln::Tensor& b) {
 inline bool no_cuda() { return !kiln::cuda::is_available(); }
 /// The converse: tests of the errors kiln gives without a GPU are skipped where there is one.
 inline bool has_cuda() { return kiln::cuda::is_available(); }
+
+/// Captures the log lines of the given KILN_LOGS channels while alive (then turns logging off).
+struct LogCapture {
+    std::vector<std::string> lines;
+    explicit LogCapture(const std::string& channels) {
+        kiln::set_logs(channels);
+        kiln::debug::Logs::instance().set_sink([this](const std::string& l) { lines.push_back(l); });
+    }
+    ~LogCapture() {
+        kiln::set_logs("");
+        kiln::debug::Logs::instance().set_sink({});
+    }
+    LogCapture(const LogCapture&) = delete;
+    LogCapture& operator=(const LogCapture&) = delete;
+    /// How many lines contain s.
+    int count(const std::string& s) const {
+        int n = 0;
+        for (const auto& l : lines) n += l.find(s) != std::string::npos;
+        return n;
+    }
+    bool contains(const std::string& s) const { return count(s) > 0; }
+};
 
 }  // namespace kiln_test
