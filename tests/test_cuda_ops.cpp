@@ -420,6 +420,16 @@ TEST_CASE("cuda: max_autotune and max_autotune_no_cudagraphs match eager; the fi
         if (mode == Mode::max_autotune) CHECK(s1.replays - s0.replays >= 3);
         else CHECK(s1.replays == s0.replays);
     }
+    // row kernels' launch shapes are timed too (short rows: lanes per row; long rows: threads and
+    // vectors per thread), and every shape gives the CPU's result
+    kiln_test::LogCapture logs("autotune");
+    for (std::int64_t L : {9, 48, 1000, 4096}) {
+        CAPTURE(L);
+        auto f = compile([](const Tensor& x) { return softmax(x * 2.0, -1); }, {.mode = Mode::max_autotune_no_cudagraphs});
+        const Tensor x = randn({77, L});
+        for (int call = 0; call < 2; ++call) CHECK(rel_err(f(cu(x)), softmax(Tensor(x * 2.0), -1)) < 1e-5);
+    }
+    CHECK(logs.count("row kernel") == 4);  // once per shape: the second call reuses the choice
 }
 
 TEST_CASE("cuda: nn blocks (Linear epilogues, BertLayer, Embedding) match the CPU: direct, compiled, reduce_overhead" * doctest::skip(kiln_test::no_cuda())) {

@@ -133,6 +133,8 @@ inline Strides strides_over(const Tensor& t, const Shape& space) {
 struct KernelMemo {
     std::mutex mu;
     std::unordered_map<std::string, CUfunction> by_sig;
+    /// max_autotune's launch-shape choices: (the heuristic's signature key, rows) -> the chosen one
+    std::unordered_map<std::string, RowSignature> tuned;
     // a memo belongs to one program, which runs on one device: the signature is the whole key
     CUfunction find(const std::string& sig) {
         std::lock_guard lock(mu);
@@ -406,6 +408,113 @@ inline Access inner_access(const std::vector<std::int64_t>& si) {
     return Access::strided;
 }
 
+/// Sizes a row signature for rows of `nv` vectors (L elements): `lanes` threads per row and 256
+/// threads a block (lanes > 0), or a block per row of up to 1024 threads holding about
+/// `per_thread` vectors each.
+inline void shape_row_signature(RowSignature& sig, std::int64_t nv, std::int64_t L, int lanes, std::int64_t per_thread) {
+    int threads = 32;
+    while (threads < 1024 && threads * per_thread < nv) threads *= 2;
+    sig.lanes = lanes;
+    if (lanes > 0) threads = 256;
+    const int per_row = lanes > 0 ? lanes : threads;
+    sig.threads = threads;
+    sig.items = static_cast<int>((nv + per_row - 1) / per_row);
+    sig.exact = L == static_cast<std::int64_t>(per_row) * sig.items * sig.vec;
+}
+
+/// The grid of a row launch: one block per row, or per threads / lanes short rows (a grid-stride
+/// loop over rows kept fewer rows in flight: like the elementwise grid cap, it measured slower).
+inline unsigned row_blocks(const RowSignature& sig, std::int64_t rows) {
+    const std::int64_t per_block = sig.lanes > 0 ? sig.threads / sig.lanes : 1;
+    return static_cast<unsigned>(std::min<std::int64_t>((rows + per_block - 1) / per_block, (std::int64_t{1} << 31) - 1));
+}
+
+/// The launch shapes max_autotune tries for a row group: the heuristic's first, then half and
+/// twice its lanes per short row and a block per row, or half and twice the vectors per thread of
+/// a block per row (at most 64 values per thread and row-varying node: registers).
+inline std::vector<RowSignature> row_candidates(const RowSignature& base, std::int64_t nv, std::int64_t L, std::int64_t per_thread) {
+    std::vector<RowSignature> cands{base};
+    auto with = [&](int lanes, std::int64_t pt) {
+        if (lanes > 32 || pt < 1) return;
+        RowSignature c = base;
+        shape_row_signature(c, nv, L, lanes, pt);
+        if (c.items * c.vec > 64) return;
+        for (const RowSignature& d : cands)
+            if (d.key() == c.key()) return;
+        cands.push_back(c);
+    };
+    if (base.lanes > 0) {
+        if (base.lanes > 1) with(base.lanes / 2, per_thread);
+        with(base.lanes * 2, per_thread);
+        with(0, per_thread);
+    } else {
+        with(0, per_thread / 2);
+        with(0, per_thread * 2);
+    }
+    return cands;
+}
+
+/// max_autotune's launch shape for a row group (Autotune on, not capturing): row_candidates
+/// compiled together, each timed on the
+/// call's operands (the best of 3 rounds of 5 launches back to back; the output is written, so the
+/// caller checks that it reads none of it), the fastest kept unless the heuristic's is within 3%.
+/// The choice is remembered in the program's memo per (signature, rows). Queued launches are
+/// flushed first: the timed runs read what they write.
+inline RowSignature tune_row_signature(const ir::Graph& g, const fuse::Group& G, const std::vector<int>& stored, const RowSignature& base,
+                                       std::int64_t nv, const RowLayout& lay, std::int64_t per_thread, Args& args, int device,
+                                       KernelMemo& memo, Launcher& L) {
+    const std::string choice_key = base.key() + "/" + std::to_string(lay.rows);
+    {
+        std::lock_guard lock(memo.mu);
+        if (auto it = memo.tuned.find(choice_key); it != memo.tuned.end()) return it->second;
+    }
+    const std::vector<RowSignature> cands = row_candidates(base, nv, lay.L, per_thread);
+    const CUstream st = current_stream(device);
+    L.flush();
+    if (capturing(st)) return base;
+    // the candidates' kernels, compiled together
+    std::vector<KernelText> texts;
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < cands.size(); ++i)
+        if (!memo.find(cands[i].key())) {
+            texts.push_back(row_kernel(g, G, stored, cands[i]));
+            which.push_back(i);
+        }
+    const std::vector<CUfunction> fs = kernel_functions(texts, device);
+    for (std::size_t j = 0; j < which.size(); ++j) memo.insert(cands[which[j]].key(), fs[j]);
+    Event e0(device), e1(device);
+    std::vector<double> us(cands.size(), 1e30);
+    for (std::size_t i = 0; i < cands.size(); ++i) {
+        const CUfunction f = memo.find(cands[i].key());
+        const unsigned grid = row_blocks(cands[i], lay.rows), block = static_cast<unsigned>(cands[i].threads);
+        launch(f, grid, block, 0, st, args.finish());  // warm-up
+        for (int round = 0; round < 3; ++round) {
+            e0.record(st);
+            for (int r = 0; r < 5; ++r) launch(f, grid, block, 0, st, args.finish());
+            e1.record(st);
+            us[i] = std::min(us[i], 1e3 * static_cast<double>(e1.elapsed_ms(e0)) / 5);
+        }
+    }
+    std::size_t pick = 0;
+    for (std::size_t i = 1; i < cands.size(); ++i)
+        if (us[i] < (pick == 0 ? 0.97 : 1.0) * us[pick]) pick = i;
+    if (debug::log_on("autotune")) {
+        std::string line = "row kernel " + base.key() + ", " + std::to_string(lay.rows) + " rows of " + std::to_string(lay.L) + ":";
+        for (std::size_t i = 0; i < cands.size(); ++i) {
+            char t[48];
+            std::snprintf(t, sizeof t, "%.2f us", us[i]);
+            line += "\n  " + std::string(i == pick ? "* " : "  ") + "lanes " + std::to_string(cands[i].lanes) + " threads " +
+                    std::to_string(cands[i].threads) + " items " + std::to_string(cands[i].items) + ": " + t;
+        }
+        debug::log("autotune", line);
+    }
+    {
+        std::lock_guard lock(memo.mu);
+        memo.tuned.emplace(choice_key, cands[pick]);
+    }
+    return cands[pick];
+}
+
 inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
                     Launcher& L) {
     const Shape& S = G.space;
@@ -455,14 +564,7 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
     sig.idx64 = !small || lay.rows * lay.L >= (std::int64_t{1} << 30);
     const std::int64_t nv = (lay.L + vec - 1) / vec;
     const std::int64_t per_thread = std::max<std::int64_t>(1, Tuning::get().row_elems / vec);  // vectors per thread
-    int threads = 32;
-    while (threads < 1024 && threads * per_thread < nv) threads *= 2;
-    sig.lanes = short_row_lanes(nv, 32 * per_thread);  // a row one warp holds: several rows per block
-    if (sig.lanes > 0) threads = 256;
-    const int per_row = sig.lanes > 0 ? sig.lanes : threads;
-    sig.threads = threads;
-    sig.items = static_cast<int>((nv + per_row - 1) / per_row);
-    sig.exact = lay.L == static_cast<std::int64_t>(per_row) * sig.items * vec;
+    shape_row_signature(sig, nv, lay.L, short_row_lanes(nv, 32 * per_thread), per_thread);  // short rows: several per block
     std::vector<int> stored(G.outputs.begin(), G.outputs.end());
     Args a;
     for (std::size_t k = 0; k < nops; ++k) a.add_ptr(reinterpret_cast<const void*>(addr[k]));
@@ -475,12 +577,14 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
         if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
             for (auto s : lay.si[k]) a.add(s);
     }
-    // one block per row, or per 256 / lanes short rows (a grid-stride loop over rows kept fewer
-    // rows in flight: like the elementwise grid cap, it measured slower)
-    const std::int64_t rows_per_block = sig.lanes > 0 ? threads / sig.lanes : 1;
-    const std::int64_t blocks = std::min<std::int64_t>((lay.rows + rows_per_block - 1) / rows_per_block, (std::int64_t{1} << 31) - 1);
-    L.add(memo, sig.key(), [&g, &G, stored, sig] { return row_kernel(g, G, stored, sig); }, std::move(a),
-          static_cast<unsigned>(blocks), static_cast<unsigned>(threads));
+    if (kiln::detail::autotune_active() != kiln::detail::Autotune::off) {
+        bool aliased = false;  // timing runs the kernel several times: never where it writes what it reads
+        for (const Tensor& o : outs)
+            for (int leaf : G.leaves) aliased = aliased || o.storage() == vals[static_cast<std::size_t>(leaf)].storage();
+        if (!aliased) sig = tune_row_signature(g, G, stored, sig, nv, lay, per_thread, a, device, memo, L);
+    }
+    L.add(memo, sig.key(), [&g, &G, stored, sig] { return row_kernel(g, G, stored, sig); }, std::move(a), row_blocks(sig, lay.rows),
+          static_cast<unsigned>(sig.threads));
 }
 
 inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
