@@ -35,8 +35,9 @@ enum class Mode : std::uint8_t {
     normal,           ///< launch each kernel of each call
     reduce_overhead,  ///< replay each call as one CUDA graph (backends/cuda/graphs.hpp has the rules); the CPU ignores it
     /// reduce_overhead, and the first call of each shape times the candidate algorithms of every
-    /// new GEMM problem (cuBLASLt's heuristic's top ones, split-K included) and keeps the fastest,
-    /// remembered in the disk cache (backends/cuda/blas.hpp; KILN_LOGS=autotune prints the times)
+    /// new GEMM problem (cuBLASLt's heuristic's top ones, split-K included; remembered in the disk
+    /// cache, backends/cuda/blas.hpp) and the launch shapes of every row kernel (kept for the
+    /// program, graph_exec.hpp), keeping the fastest; KILN_LOGS=autotune prints the times
     max_autotune,
     /// max_autotune without CUDA graphs: each call launches its kernels, so a candidate costs at
     /// least the host's time to queue it (a split-K algorithm's second kernel is not free here)
