@@ -430,6 +430,14 @@ TEST_CASE("cuda: max_autotune and max_autotune_no_cudagraphs match eager; the fi
         for (int call = 0; call < 2; ++call) CHECK(rel_err(f(cu(x)), softmax(Tensor(x * 2.0), -1)) < 1e-5);
     }
     CHECK(logs.count("row kernel") == 4);  // once per shape: the second call reuses the choice
+    // a new program (as in another process) reads each choice from the disk cache
+    const int read_before = logs.count("(from ");
+    for (std::int64_t L : {9, 48, 1000, 4096}) {
+        auto f = compile([](const Tensor& x) { return softmax(x * 2.0, -1); }, {.mode = Mode::max_autotune_no_cudagraphs});
+        const Tensor x = randn({77, L});
+        CHECK(rel_err(f(cu(x)), softmax(Tensor(x * 2.0), -1)) < 1e-5);
+    }
+    CHECK(logs.count("(from ") - read_before == 4);
 }
 
 TEST_CASE("cuda: nn blocks (Linear epilogues, BertLayer, Embedding) match the CPU: direct, compiled, reduce_overhead" * doctest::skip(kiln_test::no_cuda())) {

@@ -6,6 +6,8 @@
 #include <bit>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -22,11 +24,13 @@
 #include "kiln/backends/cuda/driver.hpp"
 #include "kiln/backends/cuda/blas.hpp"
 #include "kiln/backends/cuda/kernel_cache.hpp"
+#include "kiln/cache/files.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/execute.hpp"
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/fuse/memory_plan.hpp"
+#include "kiln/version.hpp"
 
 namespace kiln::cuda {
 // Defined in backends/cuda/matmul.hpp (which needs the copy ops that include this file).
@@ -458,8 +462,10 @@ inline std::vector<RowSignature> row_candidates(const RowSignature& base, std::i
 /// compiled together, each timed on the
 /// call's operands (the best of 3 rounds of 5 launches back to back; the output is written, so the
 /// caller checks that it reads none of it), the fastest kept unless the heuristic's is within 3%.
-/// The choice is remembered in the program's memo per (signature, rows). Queued launches are
-/// flushed first: the timed runs read what they write.
+/// The choice is remembered in the program's memo per (signature, rows), and on disk
+/// (<cache dir>/autotune/row-<hash>.txt, keyed by the kernel's text, the row count, the GPU and
+/// kiln's version; used only where the key text matches). Queued launches are flushed first: the
+/// timed runs read what they write.
 inline RowSignature tune_row_signature(const ir::Graph& g, const fuse::Group& G, const std::vector<int>& stored, const RowSignature& base,
                                        std::int64_t nv, const RowLayout& lay, std::int64_t per_thread, Args& args, int device,
                                        KernelMemo& memo, Launcher& L) {
@@ -469,6 +475,26 @@ inline RowSignature tune_row_signature(const ir::Graph& g, const fuse::Group& G,
         if (auto it = memo.tuned.find(choice_key); it != memo.tuned.end()) return it->second;
     }
     const std::vector<RowSignature> cands = row_candidates(base, nv, lay.L, per_thread);
+    auto remember = [&](const RowSignature& c) {
+        std::lock_guard lock(memo.mu);
+        memo.tuned.emplace(choice_key, c);
+        return c;
+    };
+    // the disk entry of another process that tuned this kernel for this GPU and row count
+    const DeviceProperties& props = properties(device);
+    const std::string text = "kiln row autotune v1; " + props.name + " sm_" + std::to_string(props.arch()) + "; kiln " + kiln::version +
+                             "; " + base.key() + "; rows " + std::to_string(lay.rows) + " of " + std::to_string(lay.L) + "; kernel " +
+                             cache::to_hex(cache::hash64(row_kernel(g, G, stored, base).source));
+    const std::filesystem::path file = std::filesystem::path(cache::cache_dir()) / "autotune" / ("row-" + cache::to_hex(cache::hash64(text)) + ".txt");
+    if (std::ifstream in(file); in) {
+        std::string line, chosen;
+        if (std::getline(in, line) && line == text && std::getline(in, chosen))
+            for (const RowSignature& c : cands)
+                if (chosen == "lanes " + std::to_string(c.lanes) + " threads " + std::to_string(c.threads) + " items " + std::to_string(c.items)) {
+                    if (debug::log_on("autotune")) debug::log("autotune", "row kernel " + base.key() + ": " + chosen + " (from " + file.string() + ")");
+                    return remember(c);
+                }
+    }
     const CUstream st = current_stream(device);
     L.flush();
     if (capturing(st)) return base;
@@ -508,11 +534,12 @@ inline RowSignature tune_row_signature(const ir::Graph& g, const fuse::Group& G,
         }
         debug::log("autotune", line);
     }
-    {
-        std::lock_guard lock(memo.mu);
-        memo.tuned.emplace(choice_key, cands[pick]);
-    }
-    return cands[pick];
+    const RowSignature& c = cands[pick];
+    std::string why;
+    if (!cache::detail::write_file_atomically(file, text + "\nlanes " + std::to_string(c.lanes) + " threads " + std::to_string(c.threads) +
+                                                        " items " + std::to_string(c.items) + "\n", why))
+        debug::log("autotune", "row kernel choice not remembered: " + why);
+    return remember(c);
 }
 
 inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
