@@ -459,9 +459,9 @@ inline std::vector<RowSignature> row_candidates(const RowSignature& base, std::i
 }
 
 /// max_autotune's launch shape for a row group (Autotune on, not capturing): row_candidates
-/// compiled together, each timed on the
-/// call's operands (the best of 3 rounds of 5 launches back to back; the output is written, so the
-/// caller checks that it reads none of it), the fastest kept unless the heuristic's is within 3%.
+/// compiled together, each timed on the call's operands (the best of 3 rounds of 5 launches back
+/// to back; the output is written, so the caller checks that it reads none of it), the fastest
+/// kept unless the heuristic's is within 3%.
 /// The choice is remembered in the program's memo per (signature, rows), and on disk
 /// (<cache dir>/autotune/row-<hash>.txt, keyed by the kernel's text, the row count, the GPU and
 /// kiln's version; used only where the key text matches). Queued launches are flushed first: the
