@@ -57,9 +57,16 @@ inline void collapse(IterSpace& space, std::vector<Access*> accs) {
     for (std::size_t a = 0; a < accs.size(); ++a) accs[a]->strides = space.shape.numel() == 0 ? Strides{1} : st[a];
 }
 
-/// Whether element i of the space lives at base + i for this access.
+/// Whether element i of the space lives at base + i for this access: its strides are the
+/// space's row-major ones. (After collapse a space has rank 2 when some other access broadcasts,
+/// as a bias row does: the contiguous operands are still read and written in place.)
 inline bool is_linear(const IterSpace& space, const Access& a) {
-    return space.shape.rank() == 0 || (space.shape.rank() == 1 && a.strides[0] == 1);
+    std::int64_t expect = 1;
+    for (int d = space.shape.rank() - 1; d >= 0; --d) {
+        if (space.shape[d] != 1 && a.strides[d] != expect) return false;
+        expect *= space.shape[d];
+    }
+    return true;
 }
 
 /// Walks [start, start + len) of a space in row-major order, calling seg(offset_elems, count,
