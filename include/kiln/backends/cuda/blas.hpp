@@ -276,8 +276,8 @@ inline void init_layout(cublasLtMatrixLayoutOpaque_t& l, const GemmProblem& p, s
 inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandle_t handle, const GemmKey& key, GemmPlan& plan,
                                                                    const void* bias, int count);
 
-/// Builds the layouts and asks the heuristic for the best algorithm under the key's alignments.
-inline std::unique_ptr<GemmPlan> make_gemm_plan(cublasLtHandle_t handle, const GemmKey& key, const void* bias) {
+/// The plan's layouts and transposes for the key's problem (no algorithm yet).
+inline std::unique_ptr<GemmPlan> gemm_layouts(const GemmKey& key) {
     const GemmProblem& p = key.problem;
     auto plan = std::make_unique<GemmPlan>();
     // cuBLASLt A = our B (k x n): row-major B is the column-major n x k matrix B^T (no op);
@@ -288,10 +288,29 @@ inline std::unique_ptr<GemmPlan> make_gemm_plan(cublasLtHandle_t handle, const G
     plan->op_b = p.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     init_layout(plan->lt_b, p, p.a.transposed ? p.m : p.k, p.a.transposed ? p.k : p.m, p.a.ld, p.a.batch_stride);
     init_layout(plan->lt_d, p, p.n, p.m, p.c.ld, p.c.batch_stride);
-
-    const std::vector<cublasLtMatmulHeuristicResult_t> found = gemm_heuristic(handle, key, *plan, bias, 1);
-    plan->algo = found.front().algo;
     return plan;
+}
+
+/// Builds the layouts and asks the heuristic for the best algorithm under the key's alignments.
+inline std::unique_ptr<GemmPlan> make_gemm_plan(cublasLtHandle_t handle, const GemmKey& key, const void* bias) {
+    std::unique_ptr<GemmPlan> plan = gemm_layouts(key);
+    plan->algo = gemm_heuristic(handle, key, *plan, bias, 1).front().algo;
+    return plan;
+}
+
+/// Queues C = epilogue(A @ B) with `algo` under a descriptor made for the plan (desc carries the
+/// bias pointer): cuBLASLt's A is our B and its B our A; C and D are both our C. The one call of
+/// cublasLtMatmul, for gemm and for max_autotune's timed runs.
+inline cublasStatus_t run_gemm(cublasLtHandle_t handle, cublasLtMatmulDescOpaque_t& desc, const GemmProblem& p, GemmPlan& plan,
+                               const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c, CUdeviceptr workspace,
+                               CUstream stream) {
+    static const float one_f = 1.0f, zero_f = 0.0f;
+    static const double one_d = 1.0, zero_d = 0.0;
+    const void* alpha = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
+    const void* beta = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+    return cublasLtMatmul(handle, &desc, alpha, b, &plan.lt_a, a, &plan.lt_b, beta, c,
+                          &plan.lt_d, c, &plan.lt_d, &algo, reinterpret_cast<void*>(workspace), gemm_workspace_bytes,
+                          reinterpret_cast<cudaStream_t>(stream));
 }
 
 /// What cuBLASLt's heuristic ranks first for the key (best first, at most `count`, each one's state
@@ -405,15 +424,8 @@ inline void gemm(const GemmProblem& p, const void* a, const void* b, void* c, co
     // The descriptor carries this call's bias pointer, so it is made per call (on the stack, cheap).
     cublasLtMatmulDescOpaque_t desc;
     init_matmul_desc(desc, p, plan->op_a, plan->op_b, bias);
-    const float one_f = 1.0f, zero_f = 0.0f;
-    const double one_d = 1.0, zero_d = 0.0;
-    const void* alpha = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
-    const void* beta = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
     std::lock_guard<std::mutex> launch(workspace->launch);  // only queues the kernels: microseconds
-    check_blas(cublasLtMatmul(s.handle, &desc, alpha, b, &plan->lt_a, a, &plan->lt_b, beta, c, &plan->lt_d, c,
-                              &plan->lt_d, &plan->algo, reinterpret_cast<void*>(workspace->ptr), gemm_workspace_bytes,
-                              reinterpret_cast<cudaStream_t>(stream)),
-               "cublasLtMatmul", p);
+    check_blas(run_gemm(s.handle, desc, p, *plan, plan->algo, a, b, c, workspace->ptr, stream), "cublasLtMatmul", p);
 #else
     (void)a, (void)b, (void)c, (void)bias, (void)device, (void)stream;
     throw DeviceError("kiln::cuda::gemm: kiln was built without the CUDA toolkit (cuBLASLt); cannot run " + describe(p));

@@ -64,7 +64,7 @@ KILN_DECL std::optional<cublasLtMatmulAlgo_t> read_tuned_algo(const std::string&
 
 KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, const GemmKey& key, const void* a, const void* b, void* c,
                                                    const void* bias, int device, CUstream stream, GemmWorkspace& workspace) {
-    std::unique_ptr<GemmPlan> plan = make_gemm_plan(handle, key, bias);  // layouts, and the heuristic's first choice
+    std::unique_ptr<GemmPlan> plan = gemm_layouts(key);  // a disk entry needs no heuristic query
     const GemmProblem& p = key.problem;
     const std::string text = gemm_tune_key_text(key, device);
     const std::string file = tuned_gemm_file(text);
@@ -81,15 +81,9 @@ KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, cons
             return plan;
         }
     }
+    // the heuristic's ranking, its first choice first (what the untuned plan uses)
     const std::vector<cublasLtMatmulHeuristicResult_t> cands = gemm_heuristic(handle, key, *plan, bias, 16);
-    const float one_f = 1.0f, zero_f = 0.0f;
-    const double one_d = 1.0, zero_d = 0.0;
-    const void* alpha = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
-    const void* beta = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
-    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-        return cublasLtMatmul(handle, &desc, alpha, b, &plan->lt_a, a, &plan->lt_b, beta, c, &plan->lt_d, c, &plan->lt_d, &algo,
-                              reinterpret_cast<void*>(workspace.ptr), gemm_workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
-    };
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) { return run_gemm(handle, desc, p, *plan, algo, a, b, c, workspace.ptr, stream); };
     // Each timed run starts with L2 holding none of its operands (a scratch buffer twice the L2
     // size is written first): timed back to back, a candidate would read its weights from L2, as
     // it never does in a model whose weights do not fit there (measured on the H100: choices
