@@ -20,6 +20,7 @@ set(KILN_LAYERS
   "cpu backend: backends/cpu/"
   "cuda backend: backends/cuda/"
   "ops and front doors: ops/ interop/"
+  "autograd: autograd/"
   "compile: compile/ compile.hpp"
   "nn: nn/"
   "umbrella: kiln.hpp nn.hpp src.hpp"

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kiln/backends/cuda/allocator.hpp"
+#include "kiln/autograd/autograd.hpp"
 #include "kiln/backends/cuda/copy.hpp"
 #include "kiln/compile.hpp"
 #include "kiln/core/allocator.hpp"

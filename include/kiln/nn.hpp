@@ -8,3 +8,4 @@
 #include "kiln/nn/conv.hpp"
 #include "kiln/nn/io.hpp"
 #include "kiln/nn/layers.hpp"
+#include "kiln/nn/train.hpp"

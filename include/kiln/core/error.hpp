@@ -26,6 +26,9 @@ class OutOfMemory : public Error { using Error::Error; };
 class CompileError : public Error { using Error::Error; };
 /// An index or value out of range (element access, arguments).
 class ValueError : public Error { using Error::Error; };
+/// Autograd misuse: backward of a non-scalar without a gradient, an in-place write into a leaf that
+/// requires grad, a tensor saved for backward and modified in place since.
+class GradError : public Error { using Error::Error; };
 /// A bug in kiln itself, never the user's fault.
 class InternalError : public Error { using Error::Error; };
 

@@ -35,6 +35,10 @@ public:
     std::uint64_t serial() const { return serial_; }
     /// The serial the next storage will get.
     static std::uint64_t next_serial() { return counter().load(std::memory_order_relaxed); }
+    /// Bumped by every in-place write through kiln (copy_, fill_, assign): backward checks that a
+    /// tensor it saved was not modified since.
+    std::uint32_t version() const { return version_; }
+    void bump_version() { ++version_; }
 
 private:
     static std::atomic<std::uint64_t>& counter() {
@@ -49,6 +53,7 @@ private:
     Allocator* allocator_ = nullptr;
     std::shared_ptr<void> keep_alive_;
     std::uint64_t serial_ = 0;
+    std::uint32_t version_ = 0;
 };
 
 /// Set while a tracer holds recorded writes into concrete memory that the memory does not show

@@ -31,6 +31,30 @@ inline std::string strip_kiln_prefix(std::string_view what) {
 template <class E> struct IsExprNode : std::false_type {};
 
 class Tensor;
+namespace autograd {
+/// A step of the backward graph (autograd/autograd.hpp): what made a tensor that requires grad.
+class Node;
+namespace detail {
+/// A tensor's autograd state (shared by the copies of one handle, as a torch.Tensor's).
+struct Meta;
+/// How a view was made from its source: what its backward undoes (reshape also stands for view,
+/// squeeze and unsqueeze; select drops `axis` at `start`).
+struct ViewOp {
+    enum class Kind : std::uint8_t { reshape, permute, slice, select, expand };
+    Kind kind = Kind::reshape;
+    int axis = 0;
+    std::int64_t start = 0, step = 1;
+    Dims dims;  ///< permute: view dim i is source dim dims[i]
+};
+/// Whether this thread records ops for backward (kiln::no_grad turns it off for a scope).
+inline bool& grad_mode() {
+    thread_local bool on = true;
+    return on;
+}
+/// Gives `view` (of src, which requires grad) its backward node (defined in autograd/).
+KILN_DECL void record_view(const Tensor& src, Tensor& view, const ViewOp& op);
+}  // namespace detail
+}  // namespace autograd
 namespace trace {
 /// A value of the graph being traced (trace/tracer.hpp): what a tracing tensor stands for.
 struct Value;
@@ -211,6 +235,31 @@ public:
     /// Sets every element to value.
     Tensor& fill_(Scalar value);
 
+    // ---- autograd (autograd/autograd.hpp: backward, the rules, kiln::grad)
+    /// Whether ops on this tensor are recorded for backward: a leaf marked by requires_grad_(), or
+    /// the result of a recorded op.
+    bool requires_grad() const;
+    /// Marks a leaf (a tensor no recorded op made) as needing its gradient, like torch's
+    /// requires_grad_(); floating dtypes only (DTypeError otherwise).
+    Tensor& requires_grad_(bool on = true, Loc loc = Loc::current());
+    /// The gradient accumulated by backward() (undefined before the first, like torch's None).
+    Tensor grad() const;
+    /// Replaces the accumulated gradient (an undefined tensor clears it, like `p.grad = None`).
+    void set_grad(const Tensor& g);
+    /// True unless a recorded op made this tensor.
+    bool is_leaf() const;
+    /// The op that made this tensor (null for leaves).
+    const std::shared_ptr<autograd::Node>& grad_fn() const;
+    /// The same data, cut from the backward graph (never requires grad).
+    Tensor detach() const { return Tensor(storage_, offset_, shape_, strides_, dtype_, traced_); }
+    /// Gradients of this scalar with respect to every leaf that requires grad, accumulated into
+    /// their grad(). A tensor of more than one element needs `gradient` (its shape): ValueError.
+    KILN_DECL void backward(Loc loc = Loc::current()) const;
+    KILN_DECL void backward(const Tensor& gradient, Loc loc = Loc::current()) const;
+    /// The autograd state (internal: the rules set it; users call the methods above).
+    const std::shared_ptr<autograd::detail::Meta>& autograd_meta() const { return ag_; }
+    void set_autograd_meta(std::shared_ptr<autograd::detail::Meta> m) { ag_ = std::move(m); }
+
     /// Same storage and same view.
     bool is_same(const Tensor& o) const {
         return storage_ == o.storage_ && traced_ == o.traced_ && offset_ == o.offset_ && shape_ == o.shape_ &&
@@ -246,10 +295,18 @@ private:
     /// A view of the same memory. `fixed` (tracing tensors only): the view's dims whose extent
     /// came from the caller's bounds (a slice), which a dynamic program must not take to follow
     /// its operand's size: a slice that covers a dim at trace time (0:2 of 2) is not the whole dim.
-    Tensor with_view(const Shape& shape, const Strides& strides, std::int64_t offset, unsigned fixed = 0) const {
-        if (traced_) return trace::record_view(*this, Tensor(nullptr, offset, shape, strides, dtype_), fixed);
-        return Tensor(storage_, offset, shape, strides, dtype_);
+    /// `op` says how the view was made, for backward.
+    Tensor with_view(const Shape& shape, const Strides& strides, std::int64_t offset, unsigned fixed,
+                     const autograd::detail::ViewOp& op) const {
+        Tensor v = traced_ ? trace::record_view(*this, Tensor(nullptr, offset, shape, strides, dtype_), fixed)
+                           : Tensor(storage_, offset, shape, strides, dtype_);
+        if (ag_ && autograd::detail::grad_mode() && requires_grad()) autograd::detail::record_view(*this, v, op);
+        return v;
     }
+    Tensor(std::shared_ptr<detail::Storage> storage, std::int64_t offset, const Shape& shape, const Strides& strides,
+           DType dtype, std::shared_ptr<trace::Value> traced)
+        : storage_(std::move(storage)), offset_(offset), shape_(shape), strides_(strides), dtype_(dtype),
+          traced_(std::move(traced)) {}
     unsigned fixed() const { return traced_ ? trace::fixed_dims(*this) : 0u; }
     /// `m` with bit d removed (a dim dropped) or a clear bit inserted at d (a dim added).
     static unsigned drop_bit(unsigned m, int d) { return (m & ((1u << d) - 1)) | ((m >> (d + 1)) << d); }
@@ -261,7 +318,62 @@ private:
     Strides strides_;
     DType dtype_ = DType::f32;
     std::shared_ptr<trace::Value> traced_;
+    std::shared_ptr<autograd::detail::Meta> ag_;
 };
+
+namespace autograd::detail {
+struct Meta {
+    bool requires_grad = false;       ///< a leaf whose gradient is wanted
+    Tensor grad;                      ///< accumulated by backward
+    std::shared_ptr<Node> grad_fn;    ///< the recorded op that made the tensor (non-leaves)
+};
+}  // namespace autograd::detail
+
+inline bool Tensor::requires_grad() const { return ag_ && (ag_->requires_grad || ag_->grad_fn); }
+inline Tensor Tensor::grad() const { return ag_ ? ag_->grad : Tensor(); }
+inline bool Tensor::is_leaf() const { return !ag_ || !ag_->grad_fn; }
+inline const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
+    static const std::shared_ptr<autograd::Node> none;
+    return ag_ ? ag_->grad_fn : none;
+}
+inline void Tensor::set_grad(const Tensor& g) {
+    if (!ag_) ag_ = std::make_shared<autograd::detail::Meta>();
+    ag_->grad = g;
+}
+inline Tensor& Tensor::requires_grad_(bool on, Loc loc) {
+    if (on && !is_floating(dtype_))
+        detail::fail<DTypeError>("requires_grad_", "only floating tensors can require gradients, got " +
+                                                       std::string(dtype_name(dtype_)), loc);
+    if (!on && ag_ && ag_->grad_fn)
+        detail::fail<ValueError>("requires_grad_", "cannot turn off requires_grad of a tensor a recorded op made; use detach()", loc);
+    if (!ag_) ag_ = std::make_shared<autograd::detail::Meta>();
+    ag_->requires_grad = on;
+    return *this;
+}
+
+/// Turns off the recording of ops for backward in a scope (torch.no_grad).
+class no_grad {
+public:
+    no_grad() : prev_(autograd::detail::grad_mode()) { autograd::detail::grad_mode() = false; }
+    ~no_grad() { autograd::detail::grad_mode() = prev_; }
+    no_grad(const no_grad&) = delete;
+    no_grad& operator=(const no_grad&) = delete;
+
+private:
+    bool prev_;
+};
+/// Turns recording back on in a scope (torch.enable_grad).
+class enable_grad {
+public:
+    enable_grad() : prev_(autograd::detail::grad_mode()) { autograd::detail::grad_mode() = true; }
+    ~enable_grad() { autograd::detail::grad_mode() = prev_; }
+    enable_grad(const enable_grad&) = delete;
+    enable_grad& operator=(const enable_grad&) = delete;
+
+private:
+    bool prev_;
+};
+inline bool is_grad_enabled() { return autograd::detail::grad_mode(); }
 
 namespace detail {
 /// Replaces a single -1 in `shape` so it holds `numel` elements.

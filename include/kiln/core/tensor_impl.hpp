@@ -82,7 +82,7 @@ KILN_DECL Shape infer_shape(Shape shape, std::int64_t numel, std::string_view op
 /// (the algorithm of torch's computeStride: each group of merged dims must be contiguous).
 KILN_DECL bool view_strides(const Shape& old_shape, const Strides& old_strides, const Shape& new_shape, Strides& out) {
     out = Strides::filled(new_shape.rank(), 1);
-    if (old_shape.numel() == 0) {
+    if (old_shape.numel() == 0 || old_shape.rank() == 0) {  // no elements, or one
         out = contiguous_strides(new_shape);
         return true;
     }
@@ -118,13 +118,13 @@ KILN_DECL Tensor Tensor::view(const Shape& shape, Loc loc) const {
         detail::fail<ShapeError>("view", "cannot view a tensor of shape " + shape_.str() + " and strides " +
                                              strides_.str() + " as " + s.str() +
                                              " without copying; use reshape()", loc);
-    return with_view(s, st, offset_, fixed() ? (1u << s.rank()) - 1 : 0u);
+    return with_view(s, st, offset_, fixed() ? (1u << s.rank()) - 1 : 0u, {});
 }
 
 KILN_DECL Tensor Tensor::reshape(const Shape& shape, Loc loc) const {
     const Shape s = detail::infer_shape(shape, numel(), "reshape", loc);
     Strides st;
-    if (detail::view_strides(shape_, strides_, s, st)) return with_view(s, st, offset_, fixed() ? (1u << s.rank()) - 1 : 0u);
+    if (detail::view_strides(shape_, strides_, s, st)) return with_view(s, st, offset_, fixed() ? (1u << s.rank()) - 1 : 0u, {});
     return contiguous().view(s, loc);
 }
 
@@ -136,6 +136,7 @@ KILN_DECL Tensor Tensor::permute(const std::vector<std::int64_t>& dims, Loc loc)
     Strides st = strides_;
     unsigned seen = 0, fx = 0;
     const unsigned old = fixed();
+    autograd::detail::ViewOp pv{autograd::detail::ViewOp::Kind::permute};
     for (int i = 0; i < rank(); ++i) {
         const int d = detail::normalize_axis(dims[static_cast<std::size_t>(i)], rank(), "permute", loc);
         if (seen & (1u << d)) detail::fail<ShapeError>("permute", "dim " + std::to_string(d) + " repeats", loc);
@@ -143,8 +144,9 @@ KILN_DECL Tensor Tensor::permute(const std::vector<std::int64_t>& dims, Loc loc)
         s[i] = shape_[d];
         st[i] = strides_[d];
         fx |= ((old >> d) & 1u) << i;
+        pv.dims.push_back(d);
     }
-    return with_view(s, st, offset_, fx);
+    return with_view(s, st, offset_, fx, pv);
 }
 
 KILN_DECL Tensor Tensor::transpose(std::int64_t a, std::int64_t b, Loc loc) const {
@@ -156,7 +158,9 @@ KILN_DECL Tensor Tensor::transpose(std::int64_t a, std::int64_t b, Loc loc) cons
     std::swap(st[x], st[y]);
     const unsigned old = fixed();
     const unsigned fx = (old & ~((1u << x) | (1u << y))) | (((old >> x) & 1u) << y) | (((old >> y) & 1u) << x);
-    return with_view(s, st, offset_, fx);
+    autograd::detail::ViewOp pv{autograd::detail::ViewOp::Kind::permute};
+    for (int i = 0; i < rank(); ++i) pv.dims.push_back(i == x ? y : i == y ? x : i);
+    return with_view(s, st, offset_, fx, pv);
 }
 
 KILN_DECL Tensor Tensor::t(Loc loc) const {
@@ -177,7 +181,7 @@ KILN_DECL Tensor Tensor::slice(std::int64_t axis, std::int64_t start, std::int64
     Strides st = strides_;
     s[d] = e > b ? (e - b + step - 1) / step : 0;
     st[d] = strides_[d] * step;
-    return with_view(s, st, offset_ + b * strides_[d], fixed() | (1u << d));
+    return with_view(s, st, offset_ + b * strides_[d], fixed() | (1u << d), {autograd::detail::ViewOp::Kind::slice, d, b, step});
 }
 
 KILN_DECL Tensor Tensor::select(std::int64_t axis, std::int64_t index, Loc loc) const {
@@ -191,7 +195,7 @@ KILN_DECL Tensor Tensor::select(std::int64_t axis, std::int64_t index, Loc loc) 
     Strides st = strides_;
     s.erase(d);
     st.erase(d);
-    return with_view(s, st, offset_ + i * strides_[d], drop_bit(fixed(), d));
+    return with_view(s, st, offset_ + i * strides_[d], drop_bit(fixed(), d), {autograd::detail::ViewOp::Kind::select, d, i, 1});
 }
 
 KILN_DECL Tensor Tensor::expand(const Shape& shape, Loc loc) const {
@@ -209,7 +213,7 @@ KILN_DECL Tensor Tensor::expand(const Shape& shape, Loc loc) const {
             detail::fail<ShapeError>("expand", "cannot expand shape " + shape_.str() + " to " + shape.str(), loc);
     }
     detail::check_shape(s, element_size(), "expand", loc);
-    return with_view(s, detail::broadcast_strides(shape_, strides_, s), offset_, fixed() << off);
+    return with_view(s, detail::broadcast_strides(shape_, strides_, s), offset_, fixed() << off, {autograd::detail::ViewOp::Kind::expand});
 }
 
 KILN_DECL Tensor Tensor::squeeze() const {
@@ -223,7 +227,7 @@ KILN_DECL Tensor Tensor::squeeze() const {
             s.push_back(shape_[i]);
             st.push_back(strides_[i]);
         }
-    return with_view(s, st, offset_, fx);
+    return with_view(s, st, offset_, fx, {});
 }
 
 KILN_DECL Tensor Tensor::squeeze(std::int64_t axis, Loc loc) const {
@@ -234,7 +238,7 @@ KILN_DECL Tensor Tensor::squeeze(std::int64_t axis, Loc loc) const {
     Strides st = strides_;
     s.erase(d);
     st.erase(d);
-    return with_view(s, st, offset_, drop_bit(fixed(), d));
+    return with_view(s, st, offset_, drop_bit(fixed(), d), {});
 }
 
 KILN_DECL Tensor Tensor::unsqueeze(std::int64_t axis, Loc loc) const {
@@ -248,7 +252,7 @@ KILN_DECL Tensor Tensor::unsqueeze(std::int64_t axis, Loc loc) const {
     const std::int64_t stride = d < rank() ? strides_[d] * shape_[d] : 1;
     s.insert(d, 1, loc);
     st.insert(d, stride, loc);
-    return with_view(s, st, offset_, insert_bit(fixed(), d));
+    return with_view(s, st, offset_, insert_bit(fixed(), d), {});
 }
 
 }  // namespace kiln

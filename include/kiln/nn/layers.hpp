@@ -27,6 +27,7 @@
 #include "kiln/ops/matmul.hpp"
 #include "kiln/ops/nn.hpp"
 #include "kiln/ops/reductions.hpp"
+#include "kiln/ops/shape_ops.hpp"
 #include "kiln/trace/tracer.hpp"
 
 namespace kiln::nn {
@@ -75,7 +76,8 @@ inline Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias =
                                                      std::to_string(weight.size(0)), loc);
     const bool traced = x.is_traced() || weight.is_traced() || (bias.defined() && bias.is_traced());
     // an activation without a cuBLASLt epilogue (exact gelu) is a GEMM and one fused kernel
-    if (!traced && act_info(act).gemm_epilogue && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
+    const bool recorded = autograd::detail::grad_mode() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
+    if (!traced && !recorded && act_info(act).gemm_epilogue && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
         (!bias.defined() || bias.dtype() == weight.dtype()))
         return cuda::matmul(x, weight.t(), cuda::Epilogue{act, bias.defined()}, bias.defined() ? &bias : nullptr, loc);
     return detail::linear_expr(x, weight, bias, act, loc);
@@ -188,6 +190,16 @@ inline Tensor embedding(const Tensor& weight, const Tensor& ids, Loc loc = Loc::
         kiln::detail::fail<ShapeError>("embedding", "weight must be 2-D (num_embeddings, dim), got " + weight.shape().str(), loc);
     if (ids.dtype() != DType::i32 && ids.dtype() != DType::i64)
         kiln::detail::fail<DTypeError>("embedding", "ids must be int32 or int64, got " + std::string(dtype_name(ids.dtype())), loc);
+    if (autograd::detail::needs_grad({&weight}))  // the rows' gradients added into a zero table
+        return autograd::detail::library(
+            "embedding", {&weight, &ids}, [&] { return embedding(weight, ids, loc); },
+            [ids, ws = weight.shape(), dev = weight.device()](const Tensor& g) {
+                const std::int64_t dim = ws[1];
+                const Tensor rows = g.reshape({-1, dim});
+                const Tensor where_to = ids.to(DType::i64).reshape({-1, 1}).expand({-1, dim});
+                return std::vector<Tensor>{scatter_add(zeros(ws, g.dtype(), dev), 0, where_to, rows), Tensor()};
+            },
+            loc);
     auto call = std::make_shared<ir::CallOp>();
     call->key = "embedding";
     call->shape = [](const std::vector<Shape>& s) {

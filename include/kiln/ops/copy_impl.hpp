@@ -11,6 +11,16 @@ namespace kiln {
 // transfer never needs a device kernel unless a CUDA side is strided. Between two CUDA devices
 // the data goes through the host (no peer-to-peer copies yet).
 KILN_DECL Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
+    if (autograd::detail::grad_mode() && (requires_grad() || src.requires_grad())) {
+        autograd::detail::before_write(*this, "copy_", loc);
+        {
+            const no_grad off;
+            copy_(src, loc);
+        }
+        autograd::detail::after_write(*this, src);
+        return *this;
+    }
+    if (storage_) storage_->bump_version();
     if (trace::Tracer* tr = trace::Tracer::active();
         is_traced() || src.is_traced() || (tr && tr->records_write_into(*this) && src.device() == device())) {
         if (tr == nullptr) detail::fail<Error>("copy_", "a tracing tensor was used outside its traced call", loc);
@@ -59,6 +69,7 @@ KILN_DECL Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
 }
 
 KILN_DECL Tensor Tensor::clone() const {
+    if (autograd::detail::grad_mode() && requires_grad()) return autograd::detail::copy_of(*this, nullptr, std::source_location::current());
     if (traced_) return trace::copy(*this, std::source_location::current());
     Tensor out(shape_, dtype_, device());
     out.copy_(*this);
@@ -73,6 +84,8 @@ KILN_DECL Tensor Tensor::to(DType dtype, Loc loc) const {
 }
 
 KILN_DECL Tensor Tensor::to(Device device, Loc loc) const {
+    if (autograd::detail::grad_mode() && requires_grad() && device != this->device())
+        return autograd::detail::copy_of(*this, &device, loc);
     if (traced_) return device == this->device() ? *this : trace::materialize(*this, loc).to(device, loc);
     const Device from = this->device();
     if (device == from) return *this;
@@ -89,6 +102,11 @@ KILN_DECL Tensor Tensor::cpu(Loc loc) const { return to(Device::cpu(), loc); }
 KILN_DECL Tensor Tensor::cuda(int index, Loc loc) const { return to(Device::cuda(index), loc); }
 
 KILN_DECL Tensor& Tensor::fill_(Scalar value) {
+    if (autograd::detail::grad_mode() && requires_grad()) {
+        autograd::detail::before_write(*this, "fill_", std::source_location::current());
+        autograd::detail::after_write(*this, Tensor());
+    }
+    if (storage_) storage_->bump_version();
     if (trace::Tracer* tr = trace::Tracer::active(); is_traced() || (tr && tr->records_write_into(*this))) {
         const std::source_location loc = std::source_location::current();
         if (tr == nullptr) detail::fail<Error>("fill_", "a tracing tensor was used outside its traced call", loc);

@@ -1,6 +1,7 @@
 // Evaluating expressions: one fused SIMD loop per statement, the tile interpreter for mixed dtypes, and eager.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -9,6 +10,7 @@
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/backends/cuda/frontend.hpp"
 #include "kiln/core/config.hpp"
+#include "kiln/core/function_ref.hpp"
 #include "kiln/expr/node.hpp"
 #include "kiln/trace/tracer.hpp"
 
@@ -206,10 +208,12 @@ inline bool may_alias(const Tensor& out, const Tensor& in) {
     return !(in.offset() == out.offset() && bs == out.strides() && in.dtype() == out.dtype());
 }
 
-/// Whether any tensor of f is a tracing tensor / lives on a CUDA device.
+/// Whether any tensor of f is a tracing tensor, or memory the active trace wrote into (its value
+/// is then the trace's) / lives on a CUDA device.
 inline bool any_traced(const Flat& f) {
+    const trace::Tracer* tr = trace::Tracer::active();
     for (const Flat::Item& it : f.items)
-        if (it.kind == Flat::Kind::tensor && it.tensor->is_traced()) return true;
+        if (it.kind == Flat::Kind::tensor && (it.tensor->is_traced() || (tr && tr->wrote(*it.tensor)))) return true;
     return false;
 }
 inline bool on_cuda(const Flat& f) {
@@ -238,6 +242,45 @@ KILN_DECL void assign_into(Tensor& t, const Flat& f, Fused fused, const std::sou
 
 }  // namespace kiln::expr
 
+// Autograd's entry points from the ops (defined in autograd/autograd_impl.hpp): when recording is
+// on and an operand requires grad, an op runs through these, which record it for backward.
+namespace kiln::autograd::detail {
+/// Whether statement f must be recorded: recording is on and one of its tensors requires grad.
+inline bool needs_grad(const expr::Flat& f) {
+    if (!grad_mode()) return false;
+    for (const expr::Flat::Item& it : f.items)
+        if (it.kind == expr::Flat::Kind::tensor && it.tensor->requires_grad()) return true;
+    return false;
+}
+/// f evaluated one table op at a time, each op a node of the backward graph.
+KILN_DECL Tensor statement(const expr::Flat& f, const std::source_location& loc);
+/// A reduction (ops::ReduceId r over the dims in mask) of f, recorded.
+KILN_DECL Tensor reduce(const expr::Flat& f, std::uint8_t r, unsigned mask, bool keepdim, const std::source_location& loc);
+/// a @ b, recorded.
+KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, const std::source_location& loc);
+/// A copy of src (clone, or a transfer to `device`), recorded.
+KILN_DECL Tensor copy_of(const Tensor& src, const Device* device, const std::source_location& loc);
+/// Before an in-place write into t (assign, copy_, fill_): a leaf that requires grad cannot be
+/// written while recording (GradError); the storage's version is bumped.
+KILN_DECL void before_write(const Tensor& t, std::string_view op, const std::source_location& loc);
+/// After t's elements were overwritten by `value` (broadcast into t): t's handle now stands for
+/// value's history (or none when value needs no grad).
+KILN_DECL void after_write(Tensor& t, const Tensor& value);
+/// The gradients of a library op's operands from its result's gradient (run with recording off).
+using Backward = std::function<std::vector<Tensor>(const Tensor& grad)>;
+/// A library op of the ops layer (cat, pad, roll, gather, scatter): `forward` run with recording
+/// off; when recording is on and an operand requires grad, its result gets `backward`.
+KILN_DECL Tensor library(std::string_view name, const std::vector<const Tensor*>& operands, FunctionRef<Tensor()> forward,
+                         Backward backward, const std::source_location& loc);
+/// Whether recording is on and one of ts requires grad.
+inline bool needs_grad(std::initializer_list<const Tensor*> ts) {
+    if (!grad_mode()) return false;
+    for (const Tensor* t : ts)
+        if (t->defined() && t->requires_grad()) return true;
+    return false;
+}
+}  // namespace kiln::autograd::detail
+
 namespace kiln {
 
 template <class E>
@@ -258,6 +301,7 @@ inline Tensor eval(const Tensor& t, std::source_location = std::source_location:
 template <TensorExpr E>
 Tensor eager(const E& e, std::source_location loc = std::source_location::current()) {
     const expr::Flat f = expr::flatten(e);
+    if (autograd::detail::needs_grad(f)) return autograd::detail::statement(f, loc);
     if (expr::any_traced(f)) return trace::record_expr(f, loc);
     if (!e.info.ok()) e.info.raise(loc);
     return expr::eager_eval(f);

@@ -160,6 +160,7 @@ KILN_DECL Tensor eager_eval(const Flat& f) {
 }
 
 KILN_DECL Tensor eval_statement(const Flat& f, Fused fused, const std::source_location& loc) {
+    if (autograd::detail::needs_grad(f)) return autograd::detail::statement(f, loc);
     if (any_traced(f)) return trace::record_expr(f, loc);
     const Info& info = f.info();
     if (!info.ok()) info.raise(loc);
@@ -171,6 +172,19 @@ KILN_DECL Tensor eval_statement(const Flat& f, Fused fused, const std::source_lo
 
 KILN_DECL void assign_into(Tensor& t, const Flat& f, Fused fused, const std::source_location& loc) {
     const Info& info = f.info();
+    if (autograd::detail::grad_mode() && (t.requires_grad() || autograd::detail::needs_grad(f))) {
+        // recorded: the value with its history, then written; t's handle takes the history
+        autograd::detail::before_write(t, "assign", loc);
+        if (!info.ok()) info.raise(loc);
+        const Tensor v = autograd::detail::statement(f, loc);
+        {
+            const no_grad off;
+            t.copy_(v, loc);
+        }
+        autograd::detail::after_write(t, v);
+        return;
+    }
+    if (t.storage()) t.storage()->bump_version();
     if (trace::Tracer* tr = trace::Tracer::active(); t.is_traced() || any_traced(f) || (tr && tr->records_write_into(t))) {
         // inside a traced function a write is recorded (functionalized): the tensor's base
         // gets a new value, which every view of it sees and the program writes back

@@ -10,6 +10,8 @@
 namespace kiln {
 
 KILN_DECL Tensor matmul(const Tensor& a_in, const Tensor& b_in, std::source_location loc) {
+    if (autograd::detail::grad_mode() && (a_in.requires_grad() || b_in.requires_grad()))
+        return autograd::detail::matmul(a_in, b_in, loc);
     const ir::MatmulShapes sh = ir::matmul_shapes(a_in.shape(), b_in.shape());
     if (!sh.ok()) detail::fail<ShapeError>("matmul", sh.error, loc);
     const DType dt = promote_types(a_in.dtype(), b_in.dtype());

@@ -11,7 +11,7 @@ namespace kiln {
 /// exp(x - max) / sum(exp(x - max)) along axis.
 template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("softmax", loc);
-    const Tensor m = max(x, axis, true, loc);
+    const Tensor m = detail::row_max(x, axis, loc);
     const Tensor s = sum(exp(x - m), axis, true, loc);
     return Tensor(exp(x - m) / s, loc);
 }
@@ -19,7 +19,7 @@ template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = 
 /// x - max - log(sum(exp(x - max))) along axis.
 template <class X> Tensor log_softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("log_softmax", loc);
-    const Tensor m = max(x, axis, true, loc);
+    const Tensor m = detail::row_max(x, axis, loc);
     const Tensor lse = Tensor(log(sum(exp(x - m), axis, true, loc)) + m, loc);
     return Tensor(x - lse, loc);
 }

@@ -70,6 +70,7 @@ Tensor reduce_flat(const expr::Flat& f, expr::Fused fused, const Axes& axes, boo
     const DType out_dtype = ops::reduce_dtype<R>(f.info().dtype);
     std::int64_t outer, inner;
     const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
+    if (autograd::detail::needs_grad(f)) return autograd::detail::reduce(f, ops::reduce_id<R>, mask, keepdim, loc);
     if (expr::any_traced(f))
         return trace::record_reduce(f, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
                                     out_dtype, loc);
@@ -136,7 +137,7 @@ Tensor mean_reduce(const X& x, const Axes& axes, bool keepdim, double correction
     const Shape& s = e.info.shape;
     const unsigned mask = reduce_mask(axes, s.rank(), op, loc);
     const expr::Flat f = expr::flatten(e);
-    if (expr::any_traced(f))
+    if (expr::any_traced(f) && !autograd::detail::needs_grad(f))  // recorded: a sum and a division
         return trace::record_reduce(f, ir::Kind::reduce, ir::ReduceKind::mean, true, mask, keepdim,
                                     ir::reduced_shape(s, mask, keepdim), e.info.dtype, loc, correction);
     std::int64_t n = 1;
@@ -219,10 +220,19 @@ template <class X> Tensor std(const X& x, const Axes& axes = {}, bool keepdim = 
     const detail::UserOpScope scope("std", loc);
     return Tensor(sqrt(var(x, axes, keepdim, correction, loc)), loc);
 }
+namespace detail {
+/// max over axes (keepdim) as a constant shift: not recorded for backward, since the results it
+/// stabilizes (softmax, logsumexp) do not depend on it.
+template <class X> Tensor row_max(const X& x, const Axes& axes, const std::source_location& loc) {
+    const no_grad off;
+    return max(x, axes, true, loc);
+}
+}  // namespace detail
+
 /// log(sum(exp(x))) over axes, computed stably around the maximum.
 template <class X> Tensor logsumexp(const X& x, const Axes& axes = {}, bool keepdim = false, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("logsumexp", loc);
-    const Tensor m = max(x, axes, true, loc);
+    const Tensor m = detail::row_max(x, axes, loc);
     const Tensor shift = Tensor(where(abs(m) == std::numeric_limits<double>::infinity(), 0.0, m), loc);
     Tensor r = Tensor(log(sum(exp(x - shift), axes, true, loc)) + shift, loc);
     if (keepdim) return r;

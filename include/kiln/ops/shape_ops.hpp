@@ -38,6 +38,34 @@ inline Device common_device_of(const std::vector<Tensor>& ts, std::string_view o
 /// promotion of all of theirs, its device theirs.
 inline Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim = 0, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("cat", loc);
+    if (autograd::detail::grad_mode()) {
+        std::vector<const Tensor*> ops;
+        bool need = false;
+        for (const Tensor& t : tensors) {
+            ops.push_back(&t);
+            need = need || t.requires_grad();
+        }
+        if (need) {
+            std::vector<std::int64_t> sizes;
+            for (const Tensor& t : tensors) sizes.push_back(t.rank() == 1 && t.numel() == 0 ? -1 : t.size(dim, loc));
+            std::vector<DType> dtypes;
+            for (const Tensor& t : tensors) dtypes.push_back(t.dtype());
+            return autograd::detail::library(
+                "cat", ops, [&] { return cat(tensors, dim, loc); },
+                [sizes, dtypes, dim](const Tensor& g) {  // each part's slice of the gradient
+                    std::vector<Tensor> r;
+                    std::int64_t at = 0;
+                    for (std::size_t i = 0; i < sizes.size(); ++i) {
+                        if (sizes[i] < 0) { r.emplace_back(); continue; }
+                        const Tensor s = g.slice(dim, at, at + sizes[i]);
+                        r.push_back(s.dtype() == dtypes[i] ? s : s.to(dtypes[i]));
+                        at += sizes[i];
+                    }
+                    return r;
+                },
+                loc);
+        }
+    }
     if (tensors.empty()) detail::fail<ValueError>("cat", "expects a non-empty list of tensors", loc);
     std::vector<Tensor> parts;
     for (const Tensor& t : tensors)
@@ -145,6 +173,15 @@ inline std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, std::int6
 /// pairs from the last dim backwards, {left, right, top, bottom, ...}; negative pads crop.
 inline Tensor pad(const Tensor& x, const std::vector<std::int64_t>& pads, Scalar value = 0, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("pad", loc);
+    if (autograd::detail::needs_grad({&x}))
+        return autograd::detail::library(
+            "pad", {&x}, [&] { return pad(x, pads, value, loc); },
+            [pads](const Tensor& g) {  // the padding cut off again (and what it cropped, zeros)
+                std::vector<std::int64_t> back(pads.size());
+                for (std::size_t i = 0; i < pads.size(); ++i) back[i] = -pads[i];
+                return std::vector<Tensor>{pad(g, back, 0)};
+            },
+            loc);
     if (pads.size() % 2 != 0 || static_cast<int>(pads.size() / 2) > x.rank())
         detail::fail<ShapeError>("pad", "pads must be (before, after) pairs for at most " + std::to_string(x.rank()) +
                                             " dims of " + x.shape().str() + ", got " + std::to_string(pads.size()) + " values", loc);
@@ -176,6 +213,15 @@ inline Tensor pad(const Tensor& x, const std::vector<std::int64_t>& pads, Scalar
 inline Tensor roll(const Tensor& x, const std::vector<std::int64_t>& shifts, const std::vector<std::int64_t>& dims = {},
                    Loc loc = Loc::current()) {
     const detail::UserOpScope scope("roll", loc);
+    if (autograd::detail::needs_grad({&x}))
+        return autograd::detail::library(
+            "roll", {&x}, [&] { return roll(x, shifts, dims, loc); },
+            [shifts, dims](const Tensor& g) {
+                std::vector<std::int64_t> back(shifts.size());
+                for (std::size_t i = 0; i < shifts.size(); ++i) back[i] = -shifts[i];
+                return std::vector<Tensor>{roll(g, back, dims)};
+            },
+            loc);
     if (dims.empty()) {
         if (shifts.size() != 1)
             detail::fail<ValueError>("roll", "without dims takes one shift, got " + std::to_string(shifts.size()), loc);
@@ -389,6 +435,24 @@ inline Tensor index_op(IndexOp m, const Tensor& x, std::int64_t dim, const Tenso
     const char* op = index_op_name(m);
     const UserOpScope scope(op, loc);
     const int d = check_index_operands(m, x, dim, index, src.defined() ? &src : nullptr, loc);
+    if (autograd::detail::needs_grad({&x, &src})) {
+        const DType xd = x.dtype();
+        return autograd::detail::library(
+            op, {&x, &index, &src}, [&] { return index_op(m, x, dim, index, src, value, loc); },
+            [m, d, index, xs = x.shape(), xd, dev = x.device()](const Tensor& g) {
+                std::vector<Tensor> r(3);
+                if (m == IndexOp::gather) {
+                    r[0] = index_op(IndexOp::scatter_add, zeros(xs, g.dtype(), dev), d, index, g, 0, std::source_location::current());
+                    if (r[0].dtype() != xd) r[0] = r[0].to(xd);
+                    return r;
+                }
+                // scatter / scatter_value: what was overwritten gets nothing; scatter_add: all of it
+                r[0] = m == IndexOp::scatter_add ? g : index_op(IndexOp::scatter_value, g, d, index, {}, 0, std::source_location::current());
+                if (m != IndexOp::scatter_value) r[2] = index_op(IndexOp::gather, g, d, index, {}, 0, std::source_location::current());
+                return r;
+            },
+            loc);
+    }
     auto call = std::make_shared<ir::CallOp>();
     // the key tells calls apart for CSE and the caches: the value's exact bits (%a), not rounded
     char value_text[64] = "";

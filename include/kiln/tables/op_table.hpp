@@ -21,6 +21,22 @@ enum class DTypeRule : std::uint8_t {
     cast,        ///< output = the dtype attribute
 };
 
+/// How gradients flow through an op (autograd; OpTraits::grad).
+enum class Grad : std::uint8_t { rule, zero, none };
+
+struct Neg; struct Abs; struct Exp; struct Log; struct Sin; struct Cos; struct Sigmoid; struct Floor; struct Sign;
+struct Pow; struct Eq; struct Lt; struct Le; struct Gt; struct Ge; struct LogicalAnd; struct Where;
+/// Names a table op inside a gradient rule: f(tag<Cos>, x) is the node cos(x).
+template <class Op> struct Tag {};
+template <class Op> inline constexpr Tag<Op> tag{};
+
+// Gradient rules (autograd/): each differentiable op has
+//   template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T&... x)
+// giving the gradient with respect to operand K as a kiln expression over the incoming gradient
+// g, the result y and the operands x (tensors), so that it traces and fuses like forward code.
+// f(tag<Op>, operands...) builds a node of another table op, f.cast(e, dtype) a cast. The engine sums
+// the gradients of broadcast operands back to their shapes; a rule does not.
+
 namespace detail {
 
 /// Element type of a scalar or a SIMD batch (the SIMD header owns what a batch is).
@@ -49,11 +65,18 @@ struct OpTraits {
     /// CUDA device functions the op's `cuda` text calls (emitted once in every generated kernel's
     /// prelude, in table order), written next to the CPU formula they mirror. Most ops need none.
     static constexpr std::string_view cuda_helper = "";
+    /// Autograd: how gradients flow through the op. `rule`: its `vjp`; `zero`: the gradient is
+    /// zero everywhere (floor, round, sign...: nothing flows back); `none`: not differentiable
+    /// (bool results: compare, logical), its result never requires grad.
+    static constexpr Grad grad = Grad::rule;
+    /// Operands no gradient flows to (bit k: operand k), e.g. where's condition.
+    static constexpr unsigned no_grad_operands = 0;
 };
 
 // ---------------------------------------------------------------- unary
 struct Neg : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "neg", cuda = "(-{0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return -g; }
     template <class V> static V eval(V x) {
         if constexpr (std::is_integral_v<V>) return detail::wrap(V{0}, x, [](auto a, auto b) { return a - b; });
         else return kiln::detail::simd::neg(x);
@@ -61,6 +84,7 @@ struct Neg : OpTraits<1, DTypeRule::same, 0b110> {
 };
 struct Abs : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "abs", cuda = "abs({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * f(tag<Sign>, x); }
     template <class V> static V eval(V x) {
         if constexpr (std::is_integral_v<V>) return x < 0 ? Neg::eval(x) : x;
         else return kiln::detail::simd::abs(x);
@@ -68,50 +92,62 @@ struct Abs : OpTraits<1, DTypeRule::same, 0b110> {
 };
 struct Exp : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "exp", cuda = "exp({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * y; }
     template <class V> static V eval(V x) { return kiln::detail::simd::exp(x); }
 };
 struct Expm1 : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "expm1", cuda = "expm1({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * (y + 1); }
     template <class V> static V eval(V x) { return kiln::detail::simd::expm1(x); }
 };
 struct Log : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "log", cuda = "log({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g / x; }
     template <class V> static V eval(V x) { return kiln::detail::simd::log(x); }
 };
 struct Log1p : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "log1p", cuda = "log1p({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g / (x + 1); }
     template <class V> static V eval(V x) { return kiln::detail::simd::log1p(x); }
 };
 struct Sqrt : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "sqrt", cuda = "sqrt({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g / (y * 2); }
     template <class V> static V eval(V x) { return kiln::detail::simd::sqrt(x); }
 };
 struct Rsqrt : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "rsqrt", cuda = "rsqrt({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * y * y * y * -0.5; }
     template <class V> static V eval(V x) { return kiln::detail::simd::rsqrt(x); }
 };
 struct Sin : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "sin", cuda = "sin({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * f(tag<Cos>, x); }
     template <class V> static V eval(V x) { return kiln::detail::simd::sin(x); }
 };
 struct Cos : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "cos", cuda = "cos({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return -(g * f(tag<Sin>, x)); }
     template <class V> static V eval(V x) { return kiln::detail::simd::cos(x); }
 };
 struct Tan : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "tan", cuda = "tan({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * (y * y + 1); }
     template <class V> static V eval(V x) { return kiln::detail::simd::tan(x); }
 };
 struct Tanh : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "tanh", cuda = "tanh({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * (1 - y * y); }
     template <class V> static V eval(V x) { return kiln::detail::simd::tanh(x); }
 };
 struct Erf : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "erf", cuda = "erf({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * f(tag<Exp>, -(x * x)) * 1.1283791670955126; }  // 2 / sqrt(pi)
     template <class V> static V eval(V x) { return kiln::detail::simd::erf(x); }
 };
 struct Sigmoid : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "sigmoid", cuda = "kiln_sigmoid({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * y * (1 - y); }
     // the CPU's formula (simd.hpp): e / (1 + e) with e = e^-|x| for x < 0, so tiny results keep their precision
     static constexpr std::string_view cuda_helper =
         "template <class T> __device__ __forceinline__ T kiln_sigmoid(T x) {\n"
@@ -125,6 +161,10 @@ struct Sigmoid : OpTraits<1, DTypeRule::float_math> {
 /// A primitive rather than a composite so that a matmul's backend can take it as its epilogue.
 struct GeluTanh : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "gelu_tanh", cuda = "kiln_gelu_tanh({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) {  // d/dx x s(z) = s + x s (1 - s) dz/dx
+        const auto s = f(tag<Sigmoid>, (x + x * x * x * 0.044715) * 1.5957691216057308);
+        return g * (s + x * s * (1 - s) * ((x * x * 0.134145 + 1) * 1.5957691216057308));
+    }
     static constexpr std::string_view cuda_helper =
         "template <class T> __device__ __forceinline__ T kiln_gelu_tanh(T x) {  // as eval below, with kiln_sigmoid\n"
         "  const T z = T(1.5957691216057308) * (x + T(0.044715) * x * x * x);\n"
@@ -139,6 +179,9 @@ struct GeluTanh : OpTraits<1, DTypeRule::float_math> {
 /// torch.nn.Hardswish: x * relu6(x + 3) / 6 (NaN stays NaN).
 struct Hardswish : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "hardswish", cuda = "kiln_hardswish({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) {  // torch: 0 below -3, x/3 + 1/2 up to 3, 1 above
+        return f(tag<Where>, f(tag<Lt>, x, -3.0), 0.0, f(tag<Where>, f(tag<Le>, x, 3.0), g * (x / 3 + 0.5), g));
+    }
     static constexpr std::string_view cuda_helper =
         "template <class T> __device__ __forceinline__ T kiln_hardswish(T x) { return x * kiln_min(kiln_max(x + T(3), T(0)), T(6)) / T(6); }\n";
     template <class V> static V eval(V x) {
@@ -148,10 +191,12 @@ struct Hardswish : OpTraits<1, DTypeRule::float_math> {
 };
 struct Relu : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "relu", cuda = "relu({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return f(tag<Where>, f(tag<Gt>, y, 0), g, 0); }  // torch: where the result is positive
     template <class V> static V eval(V x) { return kiln::detail::simd::relu(x); }
 };
 struct Floor : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "floor", cuda = "floor({0})";
+    static constexpr Grad grad = Grad::zero;
     template <class V> static V eval(V x) {
         if constexpr (detail::is_int_v<V>) return x;
         else return kiln::detail::simd::floor(x);
@@ -159,6 +204,7 @@ struct Floor : OpTraits<1, DTypeRule::same, 0b110> {
 };
 struct Ceil : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "ceil", cuda = "ceil({0})";
+    static constexpr Grad grad = Grad::zero;
     template <class V> static V eval(V x) {
         if constexpr (detail::is_int_v<V>) return x;
         else return kiln::detail::simd::ceil(x);
@@ -166,6 +212,7 @@ struct Ceil : OpTraits<1, DTypeRule::same, 0b110> {
 };
 struct Round : OpTraits<1, DTypeRule::same, 0b110> {  // half to even, like torch.round
     static constexpr std::string_view name = "round", cuda = "rint({0})";
+    static constexpr Grad grad = Grad::zero;
     template <class V> static V eval(V x) {
         if constexpr (detail::is_int_v<V>) return x;
         else return kiln::detail::simd::round(x);
@@ -173,20 +220,24 @@ struct Round : OpTraits<1, DTypeRule::same, 0b110> {  // half to even, like torc
 };
 struct Sign : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "sign", cuda = "sign({0})";
+    static constexpr Grad grad = Grad::zero;
     template <class V> static V eval(V x) { return kiln::detail::simd::sign(x); }
 };
 struct Reciprocal : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "reciprocal", cuda = "(1 / ({0}))";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return -(g * y * y); }
     template <class V> static V eval(V x) { return V(detail::scalar_of<V>(1)) / x; }
 };
 struct LogicalNot : OpTraits<1, DTypeRule::logical> {
     static constexpr std::string_view name = "logical_not", cuda = "(({0}) == 0)";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V x) { return kiln::detail::simd::logical_not(x); }
 };
 /// Conversion to the dtype attribute. Inside one compute type it only has to round (to f16/bf16)
 /// or squash to 0/1 (to bool); conversions between compute types happen at loads and stores.
 struct Cast : OpTraits<1, DTypeRule::cast> {
     static constexpr std::string_view name = "cast", cuda = "(({1})({0}))";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return f.cast(g, x.dtype()); }
     template <class V> static V eval(V x, DType to) {
         using T = detail::scalar_of<V>;
         if (to == DType::boolean) return kiln::detail::simd::ne(x, V(T(0)));
@@ -216,91 +267,135 @@ private:
 /// cast to the same dtype is removed), so a clone the program returns never aliases its source.
 struct Copy : OpTraits<1, DTypeRule::same> {
     static constexpr std::string_view name = "copy", cuda = "({0})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g; }
     template <class V> static V eval(V x) { return x; }
 };
 
 // ---------------------------------------------------------------- binary
 struct Add : OpTraits<2, DTypeRule::same> {
     static constexpr std::string_view name = "add", cuda = "(({0}) + ({1}))";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+        if constexpr (K == 0) return g; else return g;
+    }
     template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x + y; }); }
 };
 struct Sub : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "sub", cuda = "(({0}) - ({1}))";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+        if constexpr (K == 0) return g; else return -g;
+    }
     template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x - y; }); }
 };
 struct Mul : OpTraits<2, DTypeRule::same> {
     static constexpr std::string_view name = "mul", cuda = "(({0}) * ({1}))";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+        if constexpr (K == 0) return g * b; else return g * a;
+    }
     template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x * y; }); }
 };
 struct Div : OpTraits<2, DTypeRule::float_math> {  // true division
     static constexpr std::string_view name = "div", cuda = "(({0}) / ({1}))";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+        if constexpr (K == 0) return g / b; else return -(g * a / (b * b));
+    }
     template <class V> static V eval(V a, V b) { return a / b; }
 };
 struct Pow : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "pow", cuda = "pow({0}, {1})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {  // torch: 0 where the exponent is 0 / where the base is 0 and the exponent >= 0
+        if constexpr (K == 0) return f(tag<Where>, f(tag<Eq>, b, 0), 0, g * b * f(tag<Pow>, a, b - 1));
+        else return f(tag<Where>, f(tag<LogicalAnd>, f(tag<Eq>, a, 0), f(tag<Ge>, b, 0)), 0, g * y * f(tag<Log>, a));
+    }
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::pow(a, b); }
 };
 /// torch.remainder / Python's %: a - floor(a / b) * b, with the sign of the divisor. Integer x % 0
 /// is 0 (torch raises ZeroDivisionError; a kernel cannot, so it follows numpy).
 struct Remainder : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "remainder", cuda = "kiln_remainder({0}, {1})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+        if constexpr (K == 0) return g; else return -(g * f(tag<Floor>, a / b));
+    }
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::remainder(a, b); }
 };
 /// torch.fmod / C's fmod: a - trunc(a / b) * b, with the sign of the dividend. Integer fmod(x, 0) is 0.
 struct Fmod : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "fmod", cuda = "kiln_fmod({0}, {1})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {  // trunc(a / b) = sign * floor(|a / b|)
+        if constexpr (K == 0) return g; else return -(g * f(tag<Sign>, a / b) * f(tag<Floor>, f(tag<Abs>, a / b)));
+    }
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::fmod(a, b); }
 };
 /// torch.floor_divide / Python's //: the floor of the true quotient (integers round toward -inf).
 /// Integer x // 0 is 0 (torch raises ZeroDivisionError); INT_MIN // -1 wraps to INT_MIN.
 struct FloorDivide : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "floor_divide", cuda = "kiln_floor_divide({0}, {1})";
+    static constexpr Grad grad = Grad::zero;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::floor_divide(a, b); }
 };
 struct Maximum : OpTraits<2, DTypeRule::same> {  // NaN-propagating, like torch.maximum
     static constexpr std::string_view name = "maximum", cuda = "kiln_max({0}, {1})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {  // torch: ties split the gradient evenly
+        if constexpr (K == 0) return f(tag<Where>, f(tag<Gt>, a, b), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
+        else return f(tag<Where>, f(tag<Gt>, b, a), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
+    }
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::max(a, b); }
 };
 struct Minimum : OpTraits<2, DTypeRule::same> {
     static constexpr std::string_view name = "minimum", cuda = "kiln_min({0}, {1})";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+        if constexpr (K == 0) return f(tag<Where>, f(tag<Lt>, a, b), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
+        else return f(tag<Where>, f(tag<Lt>, b, a), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
+    }
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::min(a, b); }
 };
 struct Eq : OpTraits<2, DTypeRule::compare> {
     static constexpr std::string_view name = "eq", cuda = "(({0}) == ({1}))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::eq(a, b); }
 };
 struct Ne : OpTraits<2, DTypeRule::compare> {
     static constexpr std::string_view name = "ne", cuda = "(({0}) != ({1}))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::ne(a, b); }
 };
 struct Lt : OpTraits<2, DTypeRule::compare> {
     static constexpr std::string_view name = "lt", cuda = "(({0}) < ({1}))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::lt(a, b); }
 };
 struct Le : OpTraits<2, DTypeRule::compare> {
     static constexpr std::string_view name = "le", cuda = "(({0}) <= ({1}))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::le(a, b); }
 };
 struct Gt : OpTraits<2, DTypeRule::compare> {
     static constexpr std::string_view name = "gt", cuda = "(({0}) > ({1}))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::gt(a, b); }
 };
 struct Ge : OpTraits<2, DTypeRule::compare> {
     static constexpr std::string_view name = "ge", cuda = "(({0}) >= ({1}))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::ge(a, b); }
 };
 struct LogicalAnd : OpTraits<2, DTypeRule::logical> {
     static constexpr std::string_view name = "logical_and", cuda = "((({0}) != 0) && (({1}) != 0))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::logical_and(a, b); }
 };
 struct LogicalOr : OpTraits<2, DTypeRule::logical> {
     static constexpr std::string_view name = "logical_or", cuda = "((({0}) != 0) || (({1}) != 0))";
+    static constexpr Grad grad = Grad::none;
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::logical_or(a, b); }
 };
 
 // ---------------------------------------------------------------- ternary
 struct Where : OpTraits<3, DTypeRule::where> {
     static constexpr std::string_view name = "where", cuda = "((({0}) != 0) ? ({1}) : ({2}))";
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& c, const T&, const T&) {
+        if constexpr (K == 2) return f(tag<Where>, c, 0, g); else return f(tag<Where>, c, g, 0);
+    }
+    static constexpr unsigned no_grad_operands = 0b001;  // the condition
     template <class V> static V eval(V c, V a, V b) { return kiln::detail::simd::select(c, a, b); }
 };
 
@@ -365,6 +460,9 @@ inline int op_arity(OpId id) {
 }
 inline DTypeRule op_rule(OpId id) {
     return visit_op(id, [](auto t) { return decltype(t)::type::rule; });
+}
+inline Grad op_grad(OpId id) {
+    return visit_op(id, [](auto t) { return decltype(t)::type::grad; });
 }
 inline unsigned op_allowed_categories(OpId id) {
     return visit_op(id, [](auto t) { return decltype(t)::type::allowed_categories; });

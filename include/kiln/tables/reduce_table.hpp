@@ -21,6 +21,9 @@ struct SumR {
     static constexpr bool needs_elements = false;
     using Combine = Add;
     template <class T> static constexpr T identity() { return T(0); }
+    /// Autograd (as the op table's vjp): g and y keep the reduced dims as size 1; the engine
+    /// broadcasts the result to x's shape. f.sum / f.prod reduce over the same dims (keepdim).
+    template <class F, class T> static auto vjp(const F&, const T& g, const T&, const T&) { return g; }
 };
 struct ProdR {
     using Accumulate = ProdR;  ///< what kernels accumulate (itself)
@@ -29,6 +32,14 @@ struct ProdR {
     static constexpr bool needs_elements = false;
     using Combine = Mul;
     template <class T> static constexpr T identity() { return T(1); }
+    /// y / x without dividing by zero (torch's prod_backward): with one zero in a group its
+    /// element gets the product of the others, with two or more every element gets 0.
+    template <class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) {
+        const auto zero = f(tag<Eq>, x, 0);
+        const T zeros = f.sum(f.cast(zero, x.dtype()));
+        const T others = f.prod(f(tag<Where>, zero, 1, x));
+        return g * f(tag<Where>, f(tag<Eq>, zeros, 0), y / x, f(tag<Where>, f(tag<LogicalAnd>, f(tag<Eq>, zeros, 1), zero), others, 0));
+    }
 };
 struct MaxR {
     using Accumulate = MaxR;  ///< what kernels accumulate (itself)
@@ -36,6 +47,11 @@ struct MaxR {
     static constexpr ReduceRule rule = ReduceRule::same;
     static constexpr bool needs_elements = true;  ///< no identity a user would accept for an empty input
     using Combine = Maximum;
+    /// torch's amax: the gradient split evenly between the elements equal to the result.
+    template <class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) {
+        const T hit = f.cast(f(tag<Eq>, x, y), x.dtype());
+        return g * hit / f.sum(hit);
+    }
     template <class T> static constexpr T identity() {
         if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
         else return std::numeric_limits<T>::lowest();
@@ -47,6 +63,7 @@ struct MinR {
     static constexpr ReduceRule rule = ReduceRule::same;
     static constexpr bool needs_elements = true;
     using Combine = Minimum;
+    template <class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return MaxR::vjp(f, g, y, x); }
     template <class T> static constexpr T identity() {
         if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
         else return std::numeric_limits<T>::max();

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -138,7 +139,18 @@ public:
     bool records_write_into(const Tensor& dst) const {
         if (dst.is_traced()) return true;
         if (!dst.storage()) return false;
-        return dst.storage()->serial() < first_storage_ || storage_bases_.count(dst.storage().get()) != 0;
+        return dst.storage()->serial() < first_storage_ || storage_bases_.count(dst.storage().get()) != 0 ||
+               adopted_.count(dst.storage().get()) != 0;
+    }
+
+    /// Whether the trace wrote into t's memory (a concrete tensor): reading it must be recorded too.
+    bool wrote(const Tensor& t) const { return !t.is_traced() && written_storage(t) != nullptr; }
+
+    /// Treats concrete memory made during the trace as memory from outside it: the program reads it
+    /// and writes it back on every call, as a captured tensor (state that must outlive the call,
+    /// made on its first use: a gradient buffer, an optimizer's moments).
+    void adopt(const Tensor& t) {
+        if (t.storage()) adopted_.insert(t.storage().get());
     }
 
     /// dst = value (node `value`, broadcast to dst's shape and converted to its dtype), recorded as
@@ -249,6 +261,7 @@ private:
     std::vector<std::weak_ptr<Base>> live_;
     std::vector<std::shared_ptr<Base>> pinned_;  ///< arguments and written storage: kept for their write-backs
     std::map<const kiln::detail::Storage*, std::shared_ptr<Base>> storage_bases_;
+    std::set<const kiln::detail::Storage*> adopted_;  ///< made during the trace, treated as outside (adopt)
     std::vector<Break> breaks_;
     std::vector<std::optional<Device>> node_device_;  ///< per node of the current segment, found on demand
     bool hooked_ = false;  ///< this tracer set the pending-writes hook (recorded writes into concrete memory)

@@ -255,7 +255,7 @@ KILN_DECL std::shared_ptr<Base> Tracer::storage_base(const Tensor& t) {
     auto b = new_base(graph_.add(std::move(c)), whole.shape(), whole.dtype());
     b->own_node = b->node;
     b->target = whole;
-    b->outside = s->serial() < first_storage_;
+    b->outside = s->serial() < first_storage_ || adopted_.count(s) != 0;
     storage_bases_[s] = b;
     pinned_.push_back(b);
     return b;

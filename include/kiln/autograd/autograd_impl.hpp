@@ -1,0 +1,455 @@
+// Autograd's compiled part: recording table ops, reductions, views, matmul and copies; the engine.
+#pragma once
+// Included at the end of kiln/autograd/autograd.hpp (in header-only mode, or by kiln/src.hpp), never on its own.
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+#include "kiln/core/factories.hpp"
+#include "kiln/ops/composites.hpp"
+#include "kiln/ops/elementwise.hpp"
+#include "kiln/ops/matmul.hpp"
+#include "kiln/ops/reductions.hpp"
+#include "kiln/tables/reduce_table.hpp"
+#include "kiln/trace/tracer.hpp"
+
+namespace kiln::autograd::detail {
+
+namespace {
+[[noreturn]] void grad_fail(std::string_view op, const std::string& what, const std::source_location& loc) {
+    kiln::detail::fail<GradError>(op, what, loc);
+}
+}  // namespace
+
+KILN_DECL const Tensor& Saved::get(const Node& by) const {
+    if (t_.storage() && t_.storage()->version() != version_)
+        grad_fail("backward", "a tensor that " + by.name() + " (at " + kiln::detail::format_location(by.loc()) +
+                                  ") saved for backward was modified in place since (version " + std::to_string(version_) +
+                                  ", now " + std::to_string(t_.storage()->version()) + "); clone it before writing into it",
+                  by.loc());
+    return t_;
+}
+
+KILN_DECL Tensor& Recorder::attach(Tensor& out, std::shared_ptr<Node> node, const std::vector<const Tensor*>& operands) {
+    bool any = false;
+    node->edges_.clear();
+    for (const Tensor* t : operands) {
+        node->edges_.push_back(t && t->defined() ? edge_of(*t) : Edge{});
+        any = any || node->edges_.back().live();
+    }
+    if (!any || !grad_mode()) return out;
+    node->shape = out.shape();
+    node->dtype = out.dtype();
+    auto m = std::make_shared<Meta>();  // a fresh handle state: out may share an operand's handle
+    m->grad_fn = std::move(node);
+    out.set_autograd_meta(std::move(m));
+    return out;
+}
+
+KILN_DECL Tensor sum_to(const Tensor& g, const Shape& shape) {
+    if (g.shape() == shape) return g;
+    const int lead = g.rank() - shape.rank();
+    std::vector<std::int64_t> axes;
+    for (int d = 0; d < g.rank(); ++d)
+        if (d < lead || (shape[d - lead] == 1 && g.shape()[d] != 1)) axes.push_back(d);
+    const Tensor r = axes.empty() ? g : kiln::sum(g, Axes(axes), true);
+    return r.reshape(shape);
+}
+
+namespace {
+
+/// What the tables' rules build with: table-op nodes, casts, and (reductions) sums and products
+/// over the reduced dims.
+struct Build {
+    Axes axes;
+    template <class Op, class... X> auto operator()(ops::Tag<Op>, const X&... x) const { return expr::make<Op>(DType::f32, x...); }
+    template <class X> auto cast(const X& x, DType d) const { return kiln::cast(x, d); }
+    template <class X> Tensor sum(const X& x) const { return kiln::sum(x, axes, true); }
+    template <class X> Tensor prod(const X& x) const { return kiln::prod(x, axes, true); }
+};
+
+/// A rule's result as a tensor: expressions run through the tile interpreter (no fused loop is
+/// instantiated per rule; under kiln::compile they are traced and fused like any statement).
+template <class E> Tensor as_tensor(const E& e, const std::source_location& loc) {
+    if constexpr (std::is_same_v<E, Tensor>) return e;
+    else return expr::eval_statement(expr::flatten(e), expr::Fused{}, loc);
+}
+
+/// The gradient of operand k, summed to its shape and converted to its dtype.
+Tensor fit(Tensor r, const Shape& shape, DType dtype) {
+    r = sum_to(r, shape);
+    return r.dtype() == dtype ? r : r.to(dtype);
+}
+
+/// Op's rule for operand K, as a tensor.
+template <class Op, int K>
+Tensor rule(const Build& f, const Tensor& g, const Tensor& y, const std::vector<Tensor>& x, const std::source_location& loc) {
+    if constexpr (Op::arity == 1) return as_tensor(Op::template vjp<K>(f, g, y, x[0]), loc);
+    else if constexpr (Op::arity == 2) return as_tensor(Op::template vjp<K>(f, g, y, x[0], x[1]), loc);
+    else return as_tensor(Op::template vjp<K>(f, g, y, x[0], x[1], x[2]), loc);
+}
+
+/// A table op: its rule (the op table's vjp) over the saved operands and result.
+class OpNode final : public Node {
+public:
+    OpNode(ops::OpId op, DType attr, const std::source_location& loc) : Node(std::string(ops::op_name(op)), loc), op_(op), attr_(attr) {}
+
+    std::vector<Saved> in;            ///< tensor operands (undefined for scalars)
+    std::vector<double> scalar;       ///< scalar operands' values
+    std::vector<Shape> shapes;        ///< operands' shapes
+    std::vector<DType> dtypes;        ///< operands' dtypes
+    Saved out;
+
+    std::vector<Tensor> apply(const Tensor& g) override {
+        const Tensor& y = out.get(*this);
+        const int n = static_cast<int>(in.size());
+        std::vector<Tensor> x(static_cast<std::size_t>(n)), res(static_cast<std::size_t>(n));
+        for (int k = 0; k < n; ++k) {
+            const auto K = static_cast<std::size_t>(k);
+            x[K] = in[K].defined() ? in[K].get(*this) : full(Shape{}, scalar[K], dtypes[K], y.device(), loc_);
+        }
+        const Build f;
+        ops::visit_op(op_, [&](auto tag) {
+            using Op = typename decltype(tag)::type;
+            if constexpr (Op::grad == ops::Grad::rule) {
+                for (int k = 0; k < n; ++k) {
+                    const auto K = static_cast<std::size_t>(k);
+                    if (!edges_[K].live() || ((Op::no_grad_operands >> k) & 1u)) continue;
+                    [&]<int... I>(std::integer_sequence<int, I...>) {
+                        ((k == I ? (res[K] = fit(rule<Op, I>(f, g, y, x, loc_), shapes[K], dtypes[K]), 0) : 0), ...);
+                    }(std::make_integer_sequence<int, Op::arity>{});
+                }
+            }
+        });
+        return res;
+    }
+
+private:
+    ops::OpId op_;
+    DType attr_;
+};
+
+/// The dims of mask as an axis list (every dim for a rank-0 tensor).
+Axes axes_of(unsigned mask, int rank) {
+    std::vector<std::int64_t> d;
+    for (int i = 0; i < rank; ++i)
+        if (mask & (1u << i)) d.push_back(i);
+    return Axes(d);
+}
+
+class ReduceNode final : public Node {
+public:
+    ReduceNode(ops::ReduceId r, unsigned mask, const Tensor& x, const Tensor& y, const std::source_location& loc)
+        : Node(std::string(ops::reduction_name(r)), loc), r_(r), mask_(mask), x_(x), y_(y) {}
+    std::vector<Tensor> apply(const Tensor& g) override {
+        const Tensor& x = x_.get(*this);
+        const Shape keep = ir::reduced_shape(x.shape(), mask_, true);
+        const Tensor gk = g.reshape(keep, loc_), yk = y_.get(*this).reshape(keep, loc_);
+        const Build f{axes_of(mask_, x.rank())};
+        Tensor r;
+        ops::visit_reduction(r_, [&](auto tag) {
+            using R = typename decltype(tag)::type;
+            if constexpr (requires { R::vjp(f, gk, yk, x); }) r = as_tensor(R::vjp(f, gk, yk, x), loc_);
+            else throw InternalError("kiln: autograd: reduction " + std::string(R::name) + " has no rule");
+        });
+        if (!(r.shape() == x.shape())) r = r.expand(x.shape(), loc_);
+        return {r.dtype() == x.dtype() ? r : r.to(x.dtype())};
+    }
+
+private:
+    ops::ReduceId r_;
+    unsigned mask_;
+    Saved x_, y_;
+};
+
+}  // namespace
+
+KILN_DECL Tensor statement(const expr::Flat& f, const std::source_location& loc) {
+    const expr::Info& info = f.info();
+    if (!info.ok()) info.raise(loc);
+    static const Tensor none;
+    std::vector<Tensor> value(f.items.size());
+    for (std::size_t i = 0; i < f.items.size(); ++i) {
+        const expr::Flat::Item& it = f.items[i];
+        if (it.kind == expr::Flat::Kind::tensor) value[i] = *it.tensor;
+        if (it.kind != expr::Flat::Kind::op) continue;
+        // the op alone, over its operands' values
+        expr::Flat one;
+        expr::Flat::Item op = it;
+        std::vector<const Tensor*> operands;
+        for (int k = 0; k < it.arity; ++k) {
+            const expr::Flat::Item& a = f.items[static_cast<std::size_t>(it.in[k])];
+            expr::Flat::Item leaf = a;
+            if (a.kind == expr::Flat::Kind::scalar) {
+                leaf.index = one.scalars++;
+                operands.push_back(&none);
+            } else {
+                leaf.kind = expr::Flat::Kind::tensor;
+                leaf.index = one.leaves++;
+                leaf.tensor = &value[static_cast<std::size_t>(it.in[k])];
+                operands.push_back(leaf.tensor);
+            }
+            op.in[k] = k;
+            one.items.push_back(leaf);
+        }
+        one.items.push_back(op);
+        Tensor out;
+        {
+            const no_grad off;
+            out = expr::eval_statement(one, expr::Fused{}, loc);
+        }
+        if (ops::op_grad(it.op) != ops::Grad::none && is_floating(out.dtype())) {
+            bool any = false;
+            for (const Tensor* t : operands) any = any || (t->defined() && t->requires_grad());
+            if (any) {
+                auto node = std::make_shared<OpNode>(it.op, it.attr, loc);
+                for (int k = 0; k < it.arity; ++k) {
+                    const expr::Flat::Item& a = f.items[static_cast<std::size_t>(it.in[k])];
+                    const Tensor* t = operands[static_cast<std::size_t>(k)];
+                    node->in.push_back(t->defined() ? Saved(*t) : Saved());
+                    node->scalar.push_back(a.kind == expr::Flat::Kind::scalar ? a.value : 0.0);
+                    node->shapes.push_back(t->defined() ? t->shape() : Shape{});
+                    node->dtypes.push_back(t->defined() ? t->dtype()
+                                           : (it.op == ops::op_id<ops::Where> && k == 0) ? DType::boolean : out.dtype());
+                }
+                node->out = Saved(out);
+                Recorder::attach(out, std::move(node), operands);
+            }
+        }
+        value[i] = out;
+    }
+    return value.back();
+}
+
+KILN_DECL Tensor reduce(const expr::Flat& f, std::uint8_t r, unsigned mask, bool keepdim, const std::source_location& loc) {
+    // a plain tensor comes as cast(x, x.dtype): reduce x itself
+    const bool plain = f.items.size() == 2 && f.items[0].kind == expr::Flat::Kind::tensor &&
+                       f.items[1].op == ops::op_id<ops::Cast> && f.items[1].attr == f.items[0].tensor->dtype();
+    const Tensor x = plain ? *f.items[0].tensor : statement(f, loc);
+    Tensor out;
+    {
+        const no_grad off;
+        ops::visit_reduction(r, [&](auto tag) {
+            using R = typename decltype(tag)::type;
+            if constexpr (std::is_same_v<R, ops::MeanR>) throw InternalError("kiln: autograd: mean is recorded as a sum");
+            else out = kiln::detail::reduce<R>(x, axes_of(mask, x.rank()), keepdim, loc);
+        });
+    }
+    if (!is_floating(out.dtype())) return out;
+    return Recorder::attach(out, std::make_shared<ReduceNode>(r, mask, x, out, loc), {&x});
+}
+
+KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, const std::source_location& loc) {
+    // vectors as matrices (their views are recorded), then the product of matrices (batched)
+    if (a.rank() == 1 && b.rank() == 1) return kiln::matmul(a.unsqueeze(0), b.unsqueeze(1), loc).reshape(Shape{}, loc);
+    if (a.rank() == 1) return kiln::matmul(a.unsqueeze(0), b, loc).squeeze(-2, loc);
+    if (b.rank() == 1) return kiln::matmul(a, b.unsqueeze(1), loc).squeeze(-1, loc);
+    return record_call(
+        "matmul", {&a, &b}, [&] { return kiln::matmul(a, b, loc); },
+        [sa = Saved(a), sb = Saved(b)](const Tensor& g, const Node& self) {
+            const Tensor &A = sa.get(self), &B = sb.get(self);
+            std::vector<Tensor> r(2);
+            if (self.edges()[0].live()) r[0] = fit(kiln::matmul(g, B.transpose(-2, -1), self.loc()), A.shape(), A.dtype());
+            if (self.edges()[1].live()) r[1] = fit(kiln::matmul(A.transpose(-2, -1), g, self.loc()), B.shape(), B.dtype());
+            return r;
+        },
+        loc);
+}
+
+KILN_DECL Tensor copy_of(const Tensor& src, const Device* device, const std::source_location& loc) {
+    const Device from = src.device();
+    const bool to_device = device != nullptr;
+    const Device dst = to_device ? *device : from;
+    return record_call(
+        to_device ? "to" : "clone", {&src}, [&] { return to_device ? src.to(dst, loc) : src.clone(); },
+        [from, to_device](const Tensor& g, const Node&) { return std::vector<Tensor>{to_device ? g.to(from) : g}; }, loc);
+}
+
+KILN_DECL Tensor library(std::string_view name, const std::vector<const Tensor*>& operands, FunctionRef<Tensor()> forward,
+                         Backward backward, const std::source_location& loc) {
+    return record_call(
+        std::string(name), operands, [&] { return forward(); },
+        [backward = std::move(backward)](const Tensor& g, const Node&) { return backward(g); }, loc);
+}
+
+KILN_DECL void before_write(const Tensor& t, std::string_view op, const std::source_location& loc) {
+    if (grad_mode() && t.requires_grad() && t.is_leaf())
+        grad_fail(op, "a leaf tensor that requires grad cannot be written in place while recording ops for backward "
+                      "(wrap the update in kiln::no_grad, as optimizers do)", loc);
+}
+
+KILN_DECL void after_write(Tensor& t, const Tensor& value) {
+    auto m = t.autograd_meta();
+    if (!value.defined() || !value.requires_grad() || !grad_mode()) {
+        if (m) m->grad_fn = nullptr;  // overwritten by a value without history
+        return;
+    }
+    auto node = std::make_shared<FnNode>(
+        "copy_", std::source_location::current(),
+        [shape = value.shape(), dtype = value.dtype(), device = value.device()](const Tensor& g, const Node&) {
+            Tensor r = fit(g, shape, dtype);
+            return std::vector<Tensor>{r.device() == device ? r : r.to(device)};
+        });
+    Tensor holder = t;
+    Recorder::attach(holder, node, {&value});
+    if (!m) {
+        t.set_autograd_meta(holder.autograd_meta());
+        return;
+    }
+    m->grad_fn = holder.autograd_meta()->grad_fn;  // every copy of t's handle takes the new history
+}
+
+KILN_DECL void record_view(const Tensor& src, Tensor& view, const ViewOp& op) {
+    static constexpr const char* names[] = {"reshape", "permute", "slice", "select", "expand"};
+    auto node = std::make_shared<FnNode>(
+        names[static_cast<int>(op.kind)], std::source_location::current(),
+        [shape = src.shape(), op](const Tensor& g, const Node&) -> std::vector<Tensor> {
+            switch (op.kind) {
+                case ViewOp::Kind::reshape: return {g.reshape(shape)};
+                case ViewOp::Kind::permute: {
+                    std::vector<std::int64_t> inv(static_cast<std::size_t>(op.dims.rank()));
+                    for (int i = 0; i < op.dims.rank(); ++i) inv[static_cast<std::size_t>(op.dims[i])] = i;
+                    return {g.permute(inv)};
+                }
+                case ViewOp::Kind::expand: return {sum_to(g, shape)};
+                default: {  // slice / select: the gradient in place within zeros
+                    Tensor z = zeros(shape, g.dtype(), g.device());
+                    if (op.kind == ViewOp::Kind::select) {
+                        z.select(op.axis, op.start).copy_(g);
+                    } else if (g.size(op.axis) > 0) {
+                        const std::int64_t stop = op.start + (g.size(op.axis) - 1) * op.step + 1;
+                        z.slice(op.axis, op.start, stop, op.step).copy_(g);
+                    }
+                    return {z};
+                }
+            }
+        });
+    Recorder::attach(view, std::move(node), {&src});
+}
+
+// ------------------------------------------------------------------ the engine
+namespace {
+
+/// Adds g into a leaf's gradient. Inside kiln::compile the gradient is a buffer the program
+/// writes on every call: a gradient that exists when the step is traced is added to (and a
+/// zero_grad in the step is recorded as a fill); one that does not is made then (adopted by the
+/// tracer as memory from outside) and set on every call, as that trace's `grad = g` says.
+void accumulate(Meta& m, Tensor g) {
+    if (trace::Tracer* tr = trace::Tracer::active(); tr != nullptr && g.is_traced()) {
+        if (!m.grad.defined()) {
+            m.grad = Tensor(g.shape(), g.dtype(), g.device());
+            tr->adopt(m.grad);
+            m.grad.assign(g);
+            return;
+        }
+        m.grad.assign(m.grad + g);
+        return;
+    }
+    if (!m.grad.defined()) {
+        // take g when nothing else holds its memory; otherwise a copy of its own
+        const bool own = !g.is_traced() && g.is_contiguous() && g.storage() && g.storage().use_count() == 1;
+        m.grad = own ? g : g.clone();
+        return;
+    }
+    m.grad.assign(m.grad + g);
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return a.defined() ? Tensor(a + b) : b; }
+
+}  // namespace
+
+KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                                           const std::vector<Tensor>& inputs, const std::source_location& loc) {
+    const no_grad off;
+    const bool capture = !inputs.empty();
+    std::map<const void*, std::size_t> target;  // leaf Meta or Node -> index into inputs
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const Tensor& t = inputs[i];
+        if (!t.requires_grad()) grad_fail("grad", "input " + std::to_string(i) + " does not require grad", loc);
+        target[t.grad_fn() ? static_cast<const void*>(t.grad_fn().get()) : static_cast<const void*>(t.autograd_meta().get())] = i;
+    }
+    std::vector<Tensor> captured(inputs.size());
+    auto to_leaf = [&](const std::shared_ptr<Meta>& m, const Tensor& g) {
+        if (!capture) return accumulate(*m, g);
+        if (auto it = target.find(m.get()); it != target.end()) captured[it->second] = add(captured[it->second], g);
+    };
+
+    std::unordered_map<Node*, Tensor> buffer;
+    std::vector<Node*> starts;
+    for (std::size_t i = 0; i < roots.size(); ++i) {
+        const Tensor& root = roots[i];
+        if (!root.requires_grad())
+            grad_fail("backward", "the tensor (shape " + root.shape().str() + ") does not require grad and has no grad_fn", loc);
+        Tensor g = i < grads.size() ? grads[i] : Tensor();
+        if (!g.defined()) {
+            if (root.numel() != 1)
+                grad_fail("backward", "a gradient can be implied only for a scalar output; this one has shape " + root.shape().str() +
+                                          " (pass a gradient of that shape)", loc);
+            g = full(root.shape(), 1.0, root.dtype(), root.device(), loc);
+        } else if (!(g.shape() == root.shape())) {
+            kiln::detail::fail<ShapeError>("backward", "the gradient has shape " + g.shape().str() + " but the output has shape " +
+                                                           root.shape().str(), loc);
+        }
+        if (root.grad_fn()) {
+            Node* n = root.grad_fn().get();
+            buffer[n] = add(buffer[n], g);
+            starts.push_back(n);
+        } else {
+            to_leaf(root.autograd_meta(), g);
+        }
+    }
+    // dependencies: how many edges from reachable nodes point at each node
+    std::unordered_map<Node*, int> deps;
+    std::vector<Node*> stack = starts, order;
+    std::unordered_map<Node*, bool> seen;
+    while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        if (seen[n]) continue;
+        seen[n] = true;
+        for (const Edge& e : n->edges())
+            if (e.fn) {
+                ++deps[e.fn.get()];
+                stack.push_back(e.fn.get());
+            }
+    }
+    std::vector<Node*> ready;
+    for (Node* n : starts)
+        if (deps[n] == 0 && std::find(ready.begin(), ready.end(), n) == ready.end()) ready.push_back(n);
+    while (!ready.empty()) {
+        Node* n = ready.back();
+        ready.pop_back();
+        Tensor g = std::move(buffer[n]);
+        buffer.erase(n);
+        std::vector<Tensor> out;
+        if (capture)
+            if (auto it = target.find(n); it != target.end()) captured[it->second] = add(captured[it->second], g);
+        if (g.defined()) {
+            if (g.dtype() != n->dtype) g = g.to(n->dtype);
+            out = n->apply(g);
+        }
+        for (std::size_t k = 0; k < n->edges().size(); ++k) {
+            const Edge& e = n->edges()[k];
+            Tensor gk = k < out.size() ? std::move(out[k]) : Tensor();
+            if (e.fn) {
+                if (gk.defined()) buffer[e.fn.get()] = add(buffer[e.fn.get()], gk);
+                if (--deps[e.fn.get()] == 0) ready.push_back(e.fn.get());
+            } else if (e.leaf && gk.defined()) {
+                to_leaf(e.leaf, gk);
+            }
+        }
+    }
+    return captured;
+}
+
+}  // namespace kiln::autograd::detail
+
+namespace kiln {
+
+KILN_DECL void Tensor::backward(Loc loc) const { autograd::detail::run_backward({*this}, {}, {}, loc); }
+KILN_DECL void Tensor::backward(const Tensor& gradient, Loc loc) const {
+    autograd::detail::run_backward({*this}, {gradient}, {}, loc);
+}
+
+}  // namespace kiln
