@@ -701,9 +701,64 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Training: mlp_train is one training step of the bench's MLP (batch 64, 1024 -> 4096 GELU(tanh) ->
+// 1024, f32 without TF32): forward, MSE loss against a fixed target, backward, AdamW (lr 1e-4).
+// Methods: eager (the step called directly: ops recorded, one kernel per op and per gradient rule),
+// compiled (kiln::compile of the whole step: forward, backward and optimizer in one program) and,
+// on the GPU, reduce_overhead (that program replayed as a CUDA graph). Each method trains its own
+// copy of the model from the same seed; their first losses are checked against each other.
+
+struct Trainer {
+    std::shared_ptr<kiln::nn::Mlp> model;
+    std::shared_ptr<kiln::nn::AdamW> opt;
+    Tensor x, y;
+    Tensor step(const Tensor& in, const Tensor& target) {
+        opt->zero_grad();
+        Tensor loss = kiln::nn::mse_loss((*model)(in), target);
+        loss.backward();
+        opt->step();
+        return loss.detach();
+    }
+};
+
+Trainer make_trainer(kiln::Device dev) {
+    kiln::manual_seed(7);
+    Trainer t;
+    t.model = std::make_shared<kiln::nn::Mlp>(1024, 4096, 1024, kiln::nn::Init{kiln::DType::f32, dev});
+    t.opt = std::make_shared<kiln::nn::AdamW>(kiln::nn::parameters(*t.model), kiln::nn::AdamW::Options{.lr = 1e-4});
+    t.x = kiln::randn({64, 1024}).to(dev);
+    t.y = kiln::randn({64, 1024}).to(dev);
+    return t;
+}
+
+void train_rows(Bench& b, kiln::Device dev, int threads, bool gpu) {
+    const std::string name = "mlp_train";
+    b.set_meta(name, 3 * 2.0 * 64 * (1024.0 * 4096 * 2), "f32 (no TF32)");  // forward + backward (2x forward)
+    Trainer te = make_trainer(dev), tc = make_trainer(dev), tr = make_trainer(dev);
+    auto compiled = kiln::compile([&tc](const Tensor& x, const Tensor& y) { return tc.step(x, y); });
+    auto ro = kiln::compile([&tr](const Tensor& x, const Tensor& y) { return tr.step(x, y); }, {.mode = kiln::Mode::reduce_overhead});
+    Tensor le, lc, lr;
+    le = te.step(te.x, te.y);
+    lc = compiled(tc.x, tc.y);
+    check_close(name + " compiled (first step's loss)", lc.cpu(), le.cpu(), 1e-4);
+    auto time = [&](const char* method, const std::function<void()>& fn, int reps) {
+        if (gpu) b.gpu_row(name, method, 0, fn, reps);
+        else b.row(name, method, threads, 0, fn, reps);
+    };
+    time("eager", [&] { le = te.step(te.x, te.y); }, gpu ? 20 : 3);
+    time("compiled", [&] { lc = compiled(tc.x, tc.y); }, gpu ? 20 : 3);
+    if (gpu) {
+        lr = ro(tr.x, tr.y);
+        time("reduce_overhead", [&] { lr = ro(tr.x, tr.y); }, 20);
+    }
+    std::printf("  %s: kernels per compiled step %d\n", name.c_str(), compiled.kernels());
+}
+
 void bench_models(Bench& b) {
     for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"})
         if (b.wanted(name)) model_rows(b, name, kiln::Device::cpu(), b.options().max_threads, false);
+    if (b.wanted("mlp_train")) train_rows(b, kiln::Device::cpu(), b.options().max_threads, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1091,6 +1146,7 @@ void bench_gpu(Bench& b, const std::string& self) {
         std::filesystem::remove_all(dir);
     }
     bench_bert_base(b, kiln::Device::cuda(), true);
+    if (want("mlp_train")) train_rows(b, kiln::Device::cuda(), Bench::gpu, true);
     std::printf("\nGPU summary (%s)\n", props.name.c_str());
     std::vector<const char*> all(std::begin(gpu_workloads), std::end(gpu_workloads));
     for (const char* m : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18", "bert_base_b1_f32", "bert_base_b1_bf16",

@@ -251,7 +251,18 @@ KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, const std::source_loca
             const Tensor &A = sa.get(self), &B = sb.get(self);
             std::vector<Tensor> r(2);
             if (self.edges()[0].live()) r[0] = fit(kiln::matmul(g, B.transpose(-2, -1), self.loc()), A.shape(), A.dtype());
-            if (self.edges()[1].live()) r[1] = fit(kiln::matmul(A.transpose(-2, -1), g, self.loc()), B.shape(), B.dtype());
+            if (self.edges()[1].live()) {
+                if (B.rank() == 2) {
+                    // a matrix (a weight) against a batch: one GEMM over the rows of every batch, in B's
+                    // layout (a transposed weight, x @ w.t(), gets its gradient as w's: no transposing copy)
+                    const Tensor A2 = A.reshape({-1, A.size(-1)}), g2 = g.reshape({-1, g.size(-1)});
+                    const bool transposed = B.stride(0) == 1 && B.stride(1) != 1;
+                    r[1] = transposed ? kiln::matmul(g2.t(), A2, self.loc()).t() : kiln::matmul(A2.t(), g2, self.loc());
+                    if (r[1].dtype() != B.dtype()) r[1] = r[1].to(B.dtype());
+                } else {
+                    r[1] = fit(kiln::matmul(A.transpose(-2, -1), g, self.loc()), B.shape(), B.dtype());
+                }
+            }
             return r;
         },
         loc);

@@ -103,6 +103,7 @@ inline void apply_writes(std::vector<Tensor>& outs, const std::vector<trace::Wri
     const std::size_t n = outs.size() - writes.size();
     for (std::size_t i = 0; i < writes.size(); ++i) {
         Tensor dst = writes[i].arg >= 0 ? args[static_cast<std::size_t>(writes[i].arg)] : writes[i].target;
+        if (outs[n + i].is_same(dst)) continue;  // the program wrote into this memory itself
         dst.copy_(outs[n + i]);
     }
     outs.resize(n);

@@ -51,8 +51,14 @@ inline void run_write_step(const ir::Graph& g, const Group& G, std::vector<Tenso
     const Tensor& base = vals[static_cast<std::size_t>(n.in[0])];
     const Tensor& src = vals[static_cast<std::size_t>(n.in[1])];
     Tensor out;
+    // a write over the whole base in row-major order (a parameter or a gradient buffer written
+    // through a view of its storage) replaces every element: the base is not copied first
+    const bool whole = static_cast<std::int64_t>(n.value) == 0 && src.numel() == base.numel() &&
+                       n.args == contiguous_strides(src.shape());
     if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype && s.on_device(base)) {
         out = base;
+    } else if (whole) {
+        out = s.output(vals, o, n.shape, n.dtype);
     } else {
         out = s.output(vals, o, n.shape, n.dtype);
         out.copy_(base);

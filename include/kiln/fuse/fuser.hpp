@@ -487,6 +487,25 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         G.in_place = uses[sz(b)] == 1 && !is_output[sz(b)] &&
                      (k == Group::Kind::elementwise || k == Group::Kind::row || k == Group::Kind::reduce || k == Group::Kind::write);
     }
+    // A write into captured memory (a parameter, an optimizer's state, a gradient buffer: written
+    // back after every call) stores into that memory itself when every other reader of its old
+    // value, through any view of it, runs in an earlier group and none is a result: the write-back
+    // is then the memory itself, and no copy is made.
+    for (std::size_t k = 0; k < p.groups.size(); ++k) {
+        Group& G = p.groups[k];
+        if (G.kind != Group::Kind::write || G.in_place) continue;
+        const int b = g[G.outputs[0]].in[0];
+        if (g[b].kind != Kind::constant) continue;
+        std::vector<char> alias(sz(N), 0);
+        bool ok = true;
+        for (int i = b; i < N; ++i) {
+            alias[sz(i)] = i == b || (g[i].kind == Kind::view && alias[sz(g[i].in[0])]);
+            if (alias[sz(i)] && is_output[sz(i)]) ok = false;
+        }
+        for (std::size_t j = k + 1; ok && j < p.groups.size(); ++j)
+            for (int l : p.groups[j].leaves) ok = ok && !alias[sz(l)];
+        G.in_place = ok;
+    }
     return p;
 }
 
