@@ -64,6 +64,8 @@ struct Row {
     /// the time per call of back-to-back calls with one synchronize (median of 5 runs of at least
     /// 100 ms); host_us the host's wall time inside one call (median over the latency repeats).
     double throughput_us = 0, host_us = 0;
+    /// GPU training rows: the most device memory in use while the row was timed (MiB).
+    double peak_mib = 0;
     int repeats = 0;
     /// GB/s by throughput where measured (GPU rows), else by the median.
     double gbps() const { return bytes / ((throughput_us > 0 ? throughput_us : median_us) * 1e3); }
@@ -172,6 +174,8 @@ public:
         std::sort(v.begin(), v.end());
         return v.empty() ? 0 : v[v.size() / 2];
     }
+    /// The last row added (to annotate it).
+    Row& last_row() { return rows_.back(); }
     /// Adds a row measured elsewhere (warm-start times from a child process).
     void add_row(const Row& r) {
         rows_.push_back(r);
@@ -284,6 +288,7 @@ public:
             if (r.throughput_us > 0)
                 f << ", \"latency_us\": " << json_number(r.median_us) << ", \"throughput_us\": " << json_number(r.throughput_us)
                   << ", \"host_us\": " << json_number(r.host_us);
+            if (r.peak_mib > 0) f << ", \"peak_mem_mib\": " << json_number(r.peak_mib);
             if (copy > 0) f << ", \"pct_copy\": " << json_number(100 * r.gbps() / copy);
             if (eager > 0) f << ", \"speedup_vs_eager\": " << json_number(eager / r.median_us);
             if (const double et = throughput_us(r.workload, "eager", r.threads); et > 0 && r.throughput_us > 0)
@@ -735,24 +740,36 @@ Trainer make_trainer(kiln::Device dev) {
 void train_rows(Bench& b, kiln::Device dev, int threads, bool gpu) {
     const std::string name = "mlp_train";
     b.set_meta(name, 3 * 2.0 * 64 * (1024.0 * 4096 * 2), "f32 (no TF32)");  // forward + backward (2x forward)
-    Trainer te = make_trainer(dev), tc = make_trainer(dev), tr = make_trainer(dev);
-    auto compiled = kiln::compile([&tc](const Tensor& x, const Tensor& y) { return tc.step(x, y); });
-    auto ro = kiln::compile([&tr](const Tensor& x, const Tensor& y) { return tr.step(x, y); }, {.mode = kiln::Mode::reduce_overhead});
-    Tensor le, lc, lr;
-    le = te.step(te.x, te.y);
-    lc = compiled(tc.x, tc.y);
-    check_close(name + " compiled (first step's loss)", lc.cpu(), le.cpu(), 1e-4);
-    auto time = [&](const char* method, const std::function<void()>& fn, int reps) {
-        if (gpu) b.gpu_row(name, method, 0, fn, reps);
-        else b.row(name, method, threads, 0, fn, reps);
-    };
-    time("eager", [&] { le = te.step(te.x, te.y); }, gpu ? 20 : 3);
-    time("compiled", [&] { lc = compiled(tc.x, tc.y); }, gpu ? 20 : 3);
-    if (gpu) {
-        lr = ro(tr.x, tr.y);
-        time("reduce_overhead", [&] { lr = ro(tr.x, tr.y); }, 20);
+    float loss0 = 0;
+    // one method at a time, each with its own model from the same seed (peak memory per method)
+    for (const char* method : {"eager", "compiled", "reduce_overhead"}) {
+        if (!gpu && std::string(method) == "reduce_overhead") continue;
+        Trainer t = make_trainer(dev);
+        std::function<Tensor()> step;
+        std::shared_ptr<kiln::Compiled<std::function<Tensor(const Tensor&, const Tensor&)>>> c;
+        if (std::string(method) == "eager") {
+            step = [&t] { return t.step(t.x, t.y); };
+        } else {
+            kiln::Options o;
+            if (std::string(method) == "reduce_overhead") o.mode = kiln::Mode::reduce_overhead;
+            c = std::make_shared<kiln::Compiled<std::function<Tensor(const Tensor&, const Tensor&)>>>(
+                kiln::compile(std::function<Tensor(const Tensor&, const Tensor&)>(
+                                  [&t](const Tensor& x, const Tensor& y) { return t.step(x, y); }),
+                              o));
+            step = [&t, c] { return (*c)(t.x, t.y); };
+        }
+        const float l = step().item<float>();  // the first step: every method starts from the same loss
+        if (std::string(method) == "eager") loss0 = l;
+        else if (std::abs(l - loss0) > 1e-4f * std::max(1.0f, std::abs(loss0)))
+            throw std::runtime_error("kiln_bench: " + name + " " + method + ": first loss " + std::to_string(l) + " but eager's is " +
+                                     std::to_string(loss0));
+        if (gpu) kiln::cuda::reset_peak_memory_stats(0);
+        Tensor loss;
+        if (gpu) b.gpu_row(name, method, 0, [&] { loss = step(); }, 20);
+        else b.row(name, method, threads, 0, [&] { loss = step(); }, 3);
+        if (gpu) b.last_row().peak_mib = static_cast<double>(kiln::cuda::memory_stats(0).peak_bytes_in_use) / (1 << 20);
+        if (c) std::printf("  %s %s: %d kernels per step\n", name.c_str(), method, c->kernels());
     }
-    std::printf("  %s: kernels per compiled step %d\n", name.c_str(), compiled.kernels());
 }
 
 void bench_models(Bench& b) {
@@ -1017,11 +1034,14 @@ void bench_gpu(Bench& b, const std::string& self) {
         GpuWorkload ro = gpu_workload(name, kiln::Mode::reduce_overhead);
         Tensor out_ro;
         b.gpu_row(name, "reduce_overhead", bytes, [&] { out_ro = ro.call(ro.in); });
-        check_close("gpu " + name + " reduce_overhead", out_ro.cpu(), out.cpu(), 1e-5);
+        // numpy_fn sums 640 x 640 products per output in f32: a tuned launch shape sums them in another
+        // order (measured 2.8e-5 apart on the H100), so its rows agree to 1e-4; elementwise rows to 1e-5
+        const double tol = name == "numpy_fn" ? 1e-4 : 1e-5;
+        check_close("gpu " + name + " reduce_overhead", out_ro.cpu(), out.cpu(), tol);
         autotune_rows(b, name, [&](kiln::Mode mode) {
             auto tw = std::make_shared<GpuWorkload>(gpu_workload(name, mode));
             return std::function<Tensor()>([tw] { return tw->call(tw->in); });
-        }, out, 1e-5);
+        }, out, tol);
         Row warm;
         warm.workload = name;
         warm.method = "warmstart";

@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 export KILN_CACHE_DIR="$(mktemp -d)"
 status=0
 nvidia-smi -L || true
-for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics bert nn nn_io ops_sweep shape_ops compile compile_semantics core expr errors cpu_backend; do
+for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics autograd bert nn nn_io ops_sweep shape_ops compile compile_semantics core expr errors cpu_backend; do
   exe="$B/tests/kiln_test_$t"
   [ -x "$exe" ] || { echo "== $t: not built in $B"; status=1; continue; }
   echo "== $t"
