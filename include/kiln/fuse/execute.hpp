@@ -51,6 +51,13 @@ inline void run_write_step(const ir::Graph& g, const Group& G, std::vector<Tenso
     const Tensor& base = vals[static_cast<std::size_t>(n.in[0])];
     const Tensor& src = vals[static_cast<std::size_t>(n.in[1])];
     Tensor out;
+    if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype && s.on_device(base)) {
+        const Tensor view(base.storage(), base.offset() + static_cast<std::int64_t>(n.value), src.shape(), n.args, n.dtype);
+        if (view.is_same(src)) {  // its producer stored the value here already (Plan::store_into)
+            vals[static_cast<std::size_t>(o)] = base;
+            return;
+        }
+    }
     // a write over the whole base in row-major order (a parameter or a gradient buffer written
     // through a view of its storage) replaces every element: the base is not copied first
     const bool whole = static_cast<std::int64_t>(n.value) == 0 && src.numel() == base.numel() &&
@@ -77,6 +84,15 @@ inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const M
     for (std::size_t k = 0; k < plan.groups.size(); ++k) {
         const Group& G = plan.groups[k];
         const auto t0 = std::chrono::steady_clock::now();
+        if (!plan.store_into.empty())  // outputs stored straight into captured memory by their write
+            for (int o : G.outputs)
+                if (const int w = plan.store_into[static_cast<std::size_t>(o)]; w >= 0) {
+                    const ir::Node& wn = g[w];
+                    const Tensor& base = vals[static_cast<std::size_t>(wn.in[0])];
+                    if (base.is_contiguous() && s.on_device(base))
+                        vals[static_cast<std::size_t>(o)] =
+                            Tensor(base.storage(), base.offset() + static_cast<std::int64_t>(wn.value), g[o].shape, wn.args, g[o].dtype);
+                }
         switch (G.kind) {
             case Group::Kind::elementwise:
             case Group::Kind::row:

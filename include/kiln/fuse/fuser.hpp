@@ -55,12 +55,17 @@ struct Limits {
     int max_inputs = 24;               ///< tensors an elementwise or reduce group reads before it splits
     int max_nodes = 64;                ///< nodes per group before it splits
     std::int64_t max_row = 1 << 16;    ///< longest row (reduced elements) a row group holds
+    std::int64_t long_row = 4096;      ///< rows longer than this need min_rows rows for a row group
+    std::int64_t min_rows = 64;
 };
 
 struct Plan {
     std::vector<Group> groups;
     std::vector<int> group_of;       ///< node -> group that computes it (-1: leaf or scalar)
     std::vector<char> materialized;  ///< node has memory of its own (or is an input/constant/view)
+    /// node -> the in-place write into captured memory that stores it (-1: none): the elementwise
+    /// group that computes it writes straight into that memory (the write then copies nothing)
+    std::vector<int> store_into;
 
     int kernels() const {
         int k = 0;
@@ -257,7 +262,10 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         if (n.kind == Kind::reduce) {
             const int x = n.in[0];
             const Shape& S = g[x].shape;
-            const bool short_rows = S.numel() > 0 && detail::row_length(S, n.mask) <= lim.max_row &&
+            // a row group reduces each row in one block (one thread on the CPU): a few long rows
+            // (a loss summed to a scalar) go to the reduce kernels instead, which split a row
+            const std::int64_t len = detail::row_length(S, n.mask), rows_n = len > 0 ? S.numel() / len : 0;
+            const bool short_rows = S.numel() > 0 && len <= lim.max_row && (len <= lim.long_row || rows_n >= lim.min_rows) &&
                                     compute_dtype(n.dtype) == compute_dtype(g[x].dtype);
             const int xg = row_of[sz(x)];
             if (short_rows && xg >= 0 && !closed[sz(xg)] && member_ok(i, rows[sz(xg)]) &&
@@ -505,6 +513,30 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         for (std::size_t j = k + 1; ok && j < p.groups.size(); ++j)
             for (int l : p.groups[j].leaves) ok = ok && !alias[sz(l)];
         G.in_place = ok;
+        if (!ok) continue;
+        // the value an elementwise group computes only for this write: that group stores it into
+        // the captured memory itself, when no group between them reads the old value and the
+        // group reads it only element for element at the same place (m = b1 m + ..., p = p - ...)
+        const int w = G.outputs[0], src = g[w].in[1];
+        const ir::Node& wn = g[w];
+        const int ks = p.group_of[sz(src)];
+        if (ks < 0 || p.groups[sz(ks)].kind != Group::Kind::elementwise || uses[sz(src)] != 1 || is_output[sz(src)] ||
+            g[src].dtype != wn.dtype || !(wn.args == contiguous_strides(g[src].shape)))
+            continue;
+        bool direct = true;
+        for (std::size_t j = sz(ks) + 1; direct && j < k; ++j)
+            for (int l : p.groups[j].leaves) direct = direct && !alias[sz(l)];
+        for (int l : p.groups[sz(ks)].leaves)
+            if (alias[sz(l)]) {
+                const ir::Node& v = g[l];
+                const bool same_place = v.kind == Kind::view && v.shape == g[src].shape && v.args == wn.args &&
+                                        v.value == wn.value && v.dtype == wn.dtype;
+                direct = direct && same_place;
+            }
+        if (direct) {
+            if (p.store_into.empty()) p.store_into.assign(sz(N), -1);
+            p.store_into[sz(src)] = w;
+        }
     }
     return p;
 }
