@@ -758,7 +758,9 @@ void train_rows(Bench& b, kiln::Device dev, int threads, bool gpu) {
                               o));
             step = [&t, c] { return (*c)(t.x, t.y); };
         }
-        const float l = step().item<float>();  // the first step: every method starts from the same loss
+        const auto t0 = std::chrono::steady_clock::now();
+        const float l = step().item<float>();  // the first step (trace, compile, run): every method starts from the same loss
+        const double first_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
         if (std::string(method) == "eager") loss0 = l;
         else if (std::abs(l - loss0) > 1e-4f * std::max(1.0f, std::abs(loss0)))
             throw std::runtime_error("kiln_bench: " + name + " " + method + ": first loss " + std::to_string(l) + " but eager's is " +
@@ -768,7 +770,9 @@ void train_rows(Bench& b, kiln::Device dev, int threads, bool gpu) {
         if (gpu) b.gpu_row(name, method, 0, [&] { loss = step(); }, 20);
         else b.row(name, method, threads, 0, [&] { loss = step(); }, 3);
         if (gpu) b.last_row().peak_mib = static_cast<double>(kiln::cuda::memory_stats(0).peak_bytes_in_use) / (1 << 20);
-        if (c) std::printf("  %s %s: %d kernels per step\n", name.c_str(), method, c->kernels());
+        b.last_row().first_call_us = first_us;  // the row's first call is the model's first step, compile included
+        std::printf("  %s %s: first step (trace, compile, run) %.1f ms; %d kernels per step; peak device memory %.1f MiB\n", name.c_str(),
+                    method, first_us / 1e3, c ? c->kernels() : 0, b.last_row().peak_mib);
     }
 }
 

@@ -59,22 +59,111 @@ KILN_DECL Tensor sum_to(const Tensor& g, const Shape& shape) {
 
 namespace {
 
-/// What the tables' rules build with: table-op nodes, casts, and (reductions) sums and products
-/// over the reduced dims.
-struct Build {
-    Axes axes;
-    template <class Op, class... X> auto operator()(ops::Tag<Op>, const X&... x) const { return expr::make<Op>(DType::f32, x...); }
-    template <class X> auto cast(const X& x, DType d) const { return kiln::cast(x, d); }
-    template <class X> Tensor sum(const X& x) const { return kiln::sum(x, axes, true); }
-    template <class X> Tensor prod(const X& x) const { return kiln::prod(x, axes, true); }
+/// A runtime expression: what the tables' rules are instantiated with. One type for every rule
+/// (a rule written with kiln's expression templates would instantiate a new C++ type per rule and
+/// per operand, which every translation unit compiles in header-only mode); it evaluates as one
+/// statement (tile interpreter on the CPU, one generated kernel on CUDA, traced under compile).
+class Dyn {
+public:
+    struct Item {
+        enum class Kind : unsigned char { tensor, scalar, op } kind = Kind::op;
+        Tensor t;
+        Scalar s;
+        ops::OpId op{};
+        DType attr = DType::f32;
+        std::vector<Dyn> in;
+        expr::Info info;
+    };
+    Dyn(const Tensor& t) {  // NOLINT: implicit, a tensor is an expression
+        auto it = std::make_shared<Item>();
+        it->kind = Item::Kind::tensor;
+        it->t = t;
+        it->info = expr::TensorLeaf{t}.info();
+        n_ = std::move(it);
+    }
+    template <class A>
+        requires std::is_arithmetic_v<A>
+    Dyn(A v) {  // NOLINT: implicit, a C++ number operand
+        auto it = std::make_shared<Item>();
+        it->kind = Item::Kind::scalar;
+        it->s = Scalar(v);
+        n_ = std::move(it);
+    }
+    /// Op over operands (tensors, expressions, numbers), its shape and dtype inferred as a node's.
+    static Dyn node(ops::OpId op, DType attr, std::vector<Dyn> in) {
+        auto it = std::make_shared<Item>();
+        it->op = op;
+        it->attr = attr;
+        it->in = std::move(in);
+        std::vector<expr::OperandInfo> oi;
+        for (const Dyn& d : it->in)
+            oi.push_back(d.n_->kind == Item::Kind::scalar ? expr::OperandInfo{nullptr, &d.n_->s} : expr::OperandInfo{&d.n_->info, nullptr});
+        it->info = expr::infer_node(op, oi.data(), static_cast<int>(oi.size()), attr);
+        Dyn d;
+        d.n_ = std::move(it);
+        return d;
+    }
+    DType dtype() const { return n_->info.dtype; }
+    /// The value: the tensor itself for a leaf, else the expression evaluated as one statement.
+    Tensor eval(const std::source_location& loc = std::source_location::current()) const {
+        if (n_->kind == Item::Kind::tensor) return n_->t;
+        expr::Flat f;
+        f.items.reserve(16);
+        flatten_into(f, DType::f32);
+        return expr::eval_statement(f, expr::Fused{}, loc);
+    }
+
+private:
+    Dyn() = default;
+    int flatten_into(expr::Flat& f, DType parent_ct) const {
+        expr::Flat::Item it;
+        if (n_->kind == Item::Kind::tensor) {
+            it.kind = expr::Flat::Kind::tensor;
+            it.index = f.leaves++;
+            it.tensor = &n_->t;
+        } else if (n_->kind == Item::Kind::scalar) {
+            it.kind = expr::Flat::Kind::scalar;
+            it.index = f.scalars++;
+            it.parent_ct = parent_ct;
+            it.value = n_->s.value;
+        } else {
+            it.arity = static_cast<int>(n_->in.size());
+            for (std::size_t k = 0; k < n_->in.size(); ++k) it.in[k] = n_->in[k].flatten_into(f, n_->info.ct);
+            it.op = ops::op_for_dtype(n_->op, n_->info.dtype);
+            it.attr = n_->attr;
+            it.info = &n_->info;
+        }
+        f.items.push_back(it);
+        return static_cast<int>(f.items.size() - 1);
+    }
+    std::shared_ptr<const Item> n_;
 };
 
-/// A rule's result as a tensor: expressions run through the tile interpreter (no fused loop is
-/// instantiated per rule; under kiln::compile they are traced and fused like any statement).
-template <class E> Tensor as_tensor(const E& e, const std::source_location& loc) {
-    if constexpr (std::is_same_v<E, Tensor>) return e;
-    else return expr::eval_statement(expr::flatten(e), expr::Fused{}, loc);
-}
+inline Dyn operator+(const Dyn& a, const Dyn& b) { return Dyn::node(ops::op_id<ops::Add>, DType::f32, {a, b}); }
+inline Dyn operator-(const Dyn& a, const Dyn& b) { return Dyn::node(ops::op_id<ops::Sub>, DType::f32, {a, b}); }
+inline Dyn operator*(const Dyn& a, const Dyn& b) { return Dyn::node(ops::op_id<ops::Mul>, DType::f32, {a, b}); }
+inline Dyn operator/(const Dyn& a, const Dyn& b) { return Dyn::node(ops::op_id<ops::Div>, DType::f32, {a, b}); }
+inline Dyn operator-(const Dyn& a) { return Dyn::node(ops::op_id<ops::Neg>, DType::f32, {a}); }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator+(const Dyn& a, A b) { return a + Dyn(b); }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator+(A a, const Dyn& b) { return Dyn(a) + b; }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator-(const Dyn& a, A b) { return a - Dyn(b); }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator-(A a, const Dyn& b) { return Dyn(a) - b; }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator*(const Dyn& a, A b) { return a * Dyn(b); }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator*(A a, const Dyn& b) { return Dyn(a) * b; }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator/(const Dyn& a, A b) { return a / Dyn(b); }
+template <class A> requires std::is_arithmetic_v<A> Dyn operator/(A a, const Dyn& b) { return Dyn(a) / b; }
+
+/// What the tables' rules build with: table-op nodes, casts, and (reductions) sums and products
+/// over the reduced dims, all over runtime expressions.
+struct Build {
+    Axes axes;
+    template <class Op, class... X> Dyn operator()(ops::Tag<Op>, const X&... x) const {
+        return Dyn::node(ops::op_id<Op>, DType::f32, {Dyn(x)...});
+    }
+    Dyn cast(const Dyn& x, DType d) const { return Dyn::node(ops::op_id<ops::Cast>, d, {x}); }
+    Tensor sum(const Dyn& x) const { return kiln::sum(x.eval(), axes, true); }
+    Tensor prod(const Dyn& x) const { return kiln::prod(x.eval(), axes, true); }
+};
 
 /// The gradient of operand k, summed to its shape and converted to its dtype.
 Tensor fit(Tensor r, const Shape& shape, DType dtype) {
@@ -84,10 +173,10 @@ Tensor fit(Tensor r, const Shape& shape, DType dtype) {
 
 /// Op's rule for operand K, as a tensor.
 template <class Op, int K>
-Tensor rule(const Build& f, const Tensor& g, const Tensor& y, const std::vector<Tensor>& x, const std::source_location& loc) {
-    if constexpr (Op::arity == 1) return as_tensor(Op::template vjp<K>(f, g, y, x[0]), loc);
-    else if constexpr (Op::arity == 2) return as_tensor(Op::template vjp<K>(f, g, y, x[0], x[1]), loc);
-    else return as_tensor(Op::template vjp<K>(f, g, y, x[0], x[1], x[2]), loc);
+Tensor rule(const Build& f, const Dyn& g, const Dyn& y, const std::vector<Dyn>& x, const std::source_location& loc) {
+    if constexpr (Op::arity == 1) return Dyn(Op::template vjp<K>(f, g, y, x[0])).eval(loc);
+    else if constexpr (Op::arity == 2) return Dyn(Op::template vjp<K>(f, g, y, x[0], x[1])).eval(loc);
+    else return Dyn(Op::template vjp<K>(f, g, y, x[0], x[1], x[2])).eval(loc);
 }
 
 /// A table op: its rule (the op table's vjp) over the saved operands and result.
@@ -110,6 +199,8 @@ public:
             x[K] = in[K].defined() ? in[K].get(*this) : full(Shape{}, scalar[K], dtypes[K], y.device(), loc_);
         }
         const Build f;
+        const Dyn gd(g), yd(y);
+        std::vector<Dyn> xd(x.begin(), x.end());
         ops::visit_op(op_, [&](auto tag) {
             using Op = typename decltype(tag)::type;
             if constexpr (Op::grad == ops::Grad::rule) {
@@ -117,7 +208,7 @@ public:
                     const auto K = static_cast<std::size_t>(k);
                     if (!edges_[K].live() || ((Op::no_grad_operands >> k) & 1u)) continue;
                     [&]<int... I>(std::integer_sequence<int, I...>) {
-                        ((k == I ? (res[K] = fit(rule<Op, I>(f, g, y, x, loc_), shapes[K], dtypes[K]), 0) : 0), ...);
+                        ((k == I ? (res[K] = fit(rule<Op, I>(f, gd, yd, xd, loc_), shapes[K], dtypes[K]), 0) : 0), ...);
                     }(std::make_integer_sequence<int, Op::arity>{});
                 }
             }
@@ -148,9 +239,10 @@ public:
         const Tensor gk = g.reshape(keep, loc_), yk = y_.get(*this).reshape(keep, loc_);
         const Build f{axes_of(mask_, x.rank())};
         Tensor r;
+        const Dyn gd(gk), yd(yk), xd(x);
         ops::visit_reduction(r_, [&](auto tag) {
             using R = typename decltype(tag)::type;
-            if constexpr (requires { R::vjp(f, gk, yk, x); }) r = as_tensor(R::vjp(f, gk, yk, x), loc_);
+            if constexpr (requires { R::vjp(f, gd, yd, xd); }) r = Dyn(R::vjp(f, gd, yd, xd)).eval(loc_);
             else throw InternalError("kiln: autograd: reduction " + std::string(R::name) + " has no rule");
         });
         if (!(r.shape() == x.shape())) r = r.expand(x.shape(), loc_);
