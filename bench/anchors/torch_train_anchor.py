@@ -35,6 +35,9 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_anchor import Timer  # noqa: E402  (the same timing as every other anchor row)
+
 
 class MLP(nn.Module):
     def __init__(self, d, h):
@@ -97,38 +100,12 @@ def main():
         sync()
         if cuda:
             torch.cuda.reset_peak_memory_stats(dev)
-        times, host = [], []
-        start = time.perf_counter()
-        while len(times) < 20 or time.perf_counter() - start < a.min_time:
-            if cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                t0 = time.perf_counter()
-                step()
-                host.append((time.perf_counter() - t0) * 1e6)
-                e1.record()
-                e1.synchronize()
-                times.append(e0.elapsed_time(e1) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                step()
-                times.append((time.perf_counter() - t0) * 1e6)
-                host.append(times[-1])
+        timer = Timer(dev, a.min_time, 20)
+        times, host = timer.repeats(step)
         row.update(median_us=statistics.median(times), latency_us=statistics.median(times), min_us=min(times), repeats=len(times),
                    host_us=statistics.median(host))
         if cuda:
-            n = max(3, math.ceil(0.1e6 / row["median_us"]))
-            per = []
-            for _ in range(5):
-                sync()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                for _ in range(n):
-                    step()
-                e1.record()
-                e1.synchronize()
-                per.append(e0.elapsed_time(e1) * 1e3 / n)
-            row["throughput_us"] = statistics.median(per)
+            row["throughput_us"] = timer.throughput(step, row["median_us"])
             row["peak_mem_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
         rate = row.get("throughput_us", row["median_us"])
         row["tflops"] = flops / (rate * 1e6)

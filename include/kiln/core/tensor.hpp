@@ -351,28 +351,24 @@ inline Tensor& Tensor::requires_grad_(bool on, Loc loc) {
     return *this;
 }
 
-/// Turns off the recording of ops for backward in a scope (torch.no_grad).
-class no_grad {
+namespace autograd::detail {
+/// Sets this thread's recording to On for a scope, then restores it.
+template <bool On>
+class GradModeScope {
 public:
-    no_grad() : prev_(autograd::detail::grad_mode()) { autograd::detail::grad_mode() = false; }
-    ~no_grad() { autograd::detail::grad_mode() = prev_; }
-    no_grad(const no_grad&) = delete;
-    no_grad& operator=(const no_grad&) = delete;
+    GradModeScope() : prev_(grad_mode()) { grad_mode() = On; }
+    ~GradModeScope() { grad_mode() = prev_; }
+    GradModeScope(const GradModeScope&) = delete;
+    GradModeScope& operator=(const GradModeScope&) = delete;
 
 private:
     bool prev_;
 };
+}  // namespace autograd::detail
+/// Turns off the recording of ops for backward in a scope (torch.no_grad): `kiln::no_grad off;`.
+using no_grad = autograd::detail::GradModeScope<false>;
 /// Turns recording back on in a scope (torch.enable_grad).
-class enable_grad {
-public:
-    enable_grad() : prev_(autograd::detail::grad_mode()) { autograd::detail::grad_mode() = true; }
-    ~enable_grad() { autograd::detail::grad_mode() = prev_; }
-    enable_grad(const enable_grad&) = delete;
-    enable_grad& operator=(const enable_grad&) = delete;
-
-private:
-    bool prev_;
-};
+using enable_grad = autograd::detail::GradModeScope<true>;
 inline bool is_grad_enabled() { return autograd::detail::grad_mode(); }
 
 namespace detail {

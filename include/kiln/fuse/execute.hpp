@@ -51,18 +51,16 @@ inline void run_write_step(const ir::Graph& g, const Group& G, std::vector<Tenso
     const Tensor& base = vals[static_cast<std::size_t>(n.in[0])];
     const Tensor& src = vals[static_cast<std::size_t>(n.in[1])];
     Tensor out;
-    if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype && s.on_device(base)) {
-        const Tensor view(base.storage(), base.offset() + static_cast<std::int64_t>(n.value), src.shape(), n.args, n.dtype);
-        if (view.is_same(src)) {  // its producer stored the value here already (Plan::store_into)
-            vals[static_cast<std::size_t>(o)] = base;
-            return;
-        }
+    const bool take = G.in_place && base.is_contiguous() && base.dtype() == n.dtype && s.on_device(base);
+    if (take && Tensor(base.storage(), base.offset() + static_cast<std::int64_t>(n.value), src.shape(), n.args, n.dtype).is_same(src)) {
+        vals[static_cast<std::size_t>(o)] = base;  // its producer stored the value here already (Plan::store_into)
+        return;
     }
     // a write over the whole base in row-major order (a parameter or a gradient buffer written
     // through a view of its storage) replaces every element: the base is not copied first
     const bool whole = static_cast<std::int64_t>(n.value) == 0 && src.numel() == base.numel() &&
                        n.args == contiguous_strides(src.shape());
-    if (G.in_place && base.is_contiguous() && base.dtype() == n.dtype && s.on_device(base)) {
+    if (take) {
         out = base;
     } else if (whole) {
         out = s.output(vals, o, n.shape, n.dtype);

@@ -55,8 +55,8 @@ struct Limits {
     int max_inputs = 24;               ///< tensors an elementwise or reduce group reads before it splits
     int max_nodes = 64;                ///< nodes per group before it splits
     std::int64_t max_row = 1 << 16;    ///< longest row (reduced elements) a row group holds
-    std::int64_t long_row = 4096;      ///< rows longer than this need min_rows rows for a row group
-    std::int64_t min_rows = 64;
+    std::int64_t long_row = 4096;      ///< rows longer than this make a row group only when there are
+    std::int64_t min_rows = 64;        ///< at least min_rows of them (else the reduce kernels split them)
 };
 
 struct Plan {

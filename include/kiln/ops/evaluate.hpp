@@ -261,7 +261,7 @@ KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, const std::source_loca
 /// A copy of src (clone, or a transfer to `device`), recorded.
 KILN_DECL Tensor copy_of(const Tensor& src, const Device* device, const std::source_location& loc);
 /// Before an in-place write into t (assign, copy_, fill_): a leaf that requires grad cannot be
-/// written while recording (GradError); the storage's version is bumped.
+/// written while recording (GradError). (The write itself bumps the storage's version.)
 KILN_DECL void before_write(const Tensor& t, std::string_view op, const std::source_location& loc);
 /// After t's elements were overwritten by `value` (broadcast into t): t's handle now stands for
 /// value's history (or none when value needs no grad).
