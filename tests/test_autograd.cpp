@@ -218,6 +218,22 @@ TEST_CASE("autograd: composites, views, matmul, copies and library ops match fin
     }, {x});
 }
 
+TEST_CASE("autograd: a BERT encoder layer (attention, layer norms, GELU) matches finite differences") {
+    manual_seed(11);
+    nn::BertLayer layer(8, 2, 16, 1e-5, {DType::f64});
+    const Tensor x = uniform({2, 3, 8}, -1, 1);
+    Tensor mask = Tensor(full({2, 1, 1, 3}, 1.0) > 0.0);  // a padding mask: the second sequence's last token
+    mask.at<bool>({1, 0, 0, 2}) = false;
+    gradcheck("bert layer: input", [&](const auto& v) { return layer(v[0], mask); }, {x});
+    // parameters too: the attention's packed projection, the FFN's first weight and a norm's scale
+    gradcheck("bert layer: weights", [&](const auto& v) {
+        layer.self_attn.in_proj_weight = v[0];
+        layer.linear1.weight = v[1];
+        layer.norm1.weight = v[2];
+        return layer(x, mask);
+    }, {layer.self_attn.in_proj_weight, layer.linear1.weight, layer.norm1.weight});
+}
+
 TEST_CASE("autograd: losses match finite differences and torch's definitions") {
     manual_seed(4);
     const Tensor logits = uniform({5, 4}, -2, 2);
