@@ -142,7 +142,7 @@ inline std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>&
 namespace kiln {
 
 /// JAX's grad: a function returning the gradients of f (which returns a scalar Tensor) with
-/// respect to its Tensor arguments `argnums` (default: the first). It mutates nothing: the
+/// respect to its Tensor arguments `argnums` (default: the first), in argument order. It mutates nothing: the
 /// arguments are detached copies of the handles, marked to require grad inside the call.
 ///   auto df = kiln::grad([](const Tensor& x) { return kiln::sum(x * x); });
 ///   Tensor g = df(x)[0];  // 2 x
@@ -165,10 +165,11 @@ auto value_and_grad(F f, std::vector<int> argnums = {0}) {
                 return a;
             }
         };
-        int i = 0;
         const enable_grad on;
         auto call = [&](auto&&... prepared) { return f(prepared...); };
-        auto tup = std::tuple{prep(i++, args)...};
+        auto tup = [&]<std::size_t... I>(std::index_sequence<I...>) {
+            return std::tuple{prep(static_cast<int>(I), args)...};  // left to right: `marked` in argument order
+        }(std::index_sequence_for<decltype(args)...>{});
         const Tensor value = std::apply(call, tup);
         std::vector<Tensor> grads = autograd::grad(value, marked);
         return std::pair<Tensor, std::vector<Tensor>>{value.detach(), std::move(grads)};

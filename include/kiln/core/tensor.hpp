@@ -41,9 +41,10 @@ struct Meta;
 /// squeeze and unsqueeze; select drops `axis` at `start`).
 struct ViewOp {
     enum class Kind : std::uint8_t { reshape, permute, slice, select, expand };
-    Kind kind = Kind::reshape;
-    int axis = 0;
-    std::int64_t start = 0, step = 1;
+    ViewOp(Kind k = Kind::reshape, int a = 0, std::int64_t s = 0, std::int64_t st = 1) : kind(k), axis(a), start(s), step(st) {}
+    Kind kind;
+    int axis;
+    std::int64_t start, step;
     Dims dims;  ///< permute: view dim i is source dim dims[i]
 };
 /// Whether this thread records ops for backward (kiln::no_grad turns it off for a scope).

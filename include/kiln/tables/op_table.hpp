@@ -76,7 +76,7 @@ struct OpTraits {
 // ---------------------------------------------------------------- unary
 struct Neg : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "neg", cuda = "(-{0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return -g; }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T&) { return -g; }
     template <class V> static V eval(V x) {
         if constexpr (std::is_integral_v<V>) return detail::wrap(V{0}, x, [](auto a, auto b) { return a - b; });
         else return kiln::detail::simd::neg(x);
@@ -84,7 +84,7 @@ struct Neg : OpTraits<1, DTypeRule::same, 0b110> {
 };
 struct Abs : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "abs", cuda = "abs({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * f(tag<Sign>, x); }
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& x) { return g * f(tag<Sign>, x); }
     template <class V> static V eval(V x) {
         if constexpr (std::is_integral_v<V>) return x < 0 ? Neg::eval(x) : x;
         else return kiln::detail::simd::abs(x);
@@ -92,62 +92,62 @@ struct Abs : OpTraits<1, DTypeRule::same, 0b110> {
 };
 struct Exp : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "exp", cuda = "exp({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * y; }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return g * y; }
     template <class V> static V eval(V x) { return kiln::detail::simd::exp(x); }
 };
 struct Expm1 : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "expm1", cuda = "expm1({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * (y + 1); }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return g * (y + 1); }
     template <class V> static V eval(V x) { return kiln::detail::simd::expm1(x); }
 };
 struct Log : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "log", cuda = "log({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g / x; }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T& x) { return g / x; }
     template <class V> static V eval(V x) { return kiln::detail::simd::log(x); }
 };
 struct Log1p : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "log1p", cuda = "log1p({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g / (x + 1); }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T& x) { return g / (x + 1); }
     template <class V> static V eval(V x) { return kiln::detail::simd::log1p(x); }
 };
 struct Sqrt : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "sqrt", cuda = "sqrt({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g / (y * 2); }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return g / (y * 2); }
     template <class V> static V eval(V x) { return kiln::detail::simd::sqrt(x); }
 };
 struct Rsqrt : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "rsqrt", cuda = "rsqrt({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * y * y * y * -0.5; }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return g * y * y * y * -0.5; }
     template <class V> static V eval(V x) { return kiln::detail::simd::rsqrt(x); }
 };
 struct Sin : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "sin", cuda = "sin({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * f(tag<Cos>, x); }
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& x) { return g * f(tag<Cos>, x); }
     template <class V> static V eval(V x) { return kiln::detail::simd::sin(x); }
 };
 struct Cos : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "cos", cuda = "cos({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return -(g * f(tag<Sin>, x)); }
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& x) { return -(g * f(tag<Sin>, x)); }
     template <class V> static V eval(V x) { return kiln::detail::simd::cos(x); }
 };
 struct Tan : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "tan", cuda = "tan({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * (y * y + 1); }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return g * (y * y + 1); }
     template <class V> static V eval(V x) { return kiln::detail::simd::tan(x); }
 };
 struct Tanh : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "tanh", cuda = "tanh({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * (1 - y * y); }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return g * (1 - y * y); }
     template <class V> static V eval(V x) { return kiln::detail::simd::tanh(x); }
 };
 struct Erf : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "erf", cuda = "erf({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * f(tag<Exp>, -(x * x)) * 1.1283791670955126; }  // 2 / sqrt(pi)
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& x) { return g * f(tag<Exp>, -(x * x)) * 1.1283791670955126; }  // 2 / sqrt(pi)
     template <class V> static V eval(V x) { return kiln::detail::simd::erf(x); }
 };
 struct Sigmoid : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "sigmoid", cuda = "kiln_sigmoid({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g * y * (1 - y); }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return g * y * (1 - y); }
     // the CPU's formula (simd.hpp): e / (1 + e) with e = e^-|x| for x < 0, so tiny results keep their precision
     static constexpr std::string_view cuda_helper =
         "template <class T> __device__ __forceinline__ T kiln_sigmoid(T x) {\n"
@@ -161,7 +161,7 @@ struct Sigmoid : OpTraits<1, DTypeRule::float_math> {
 /// A primitive rather than a composite so that a matmul's backend can take it as its epilogue.
 struct GeluTanh : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "gelu_tanh", cuda = "kiln_gelu_tanh({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) {  // d/dx x s(z) = s + x s (1 - s) dz/dx
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& x) {  // d/dx x s(z) = s + x s (1 - s) dz/dx
         const auto s = f(tag<Sigmoid>, (x + x * x * x * 0.044715) * 1.5957691216057308);
         return g * (s + x * s * (1 - s) * ((x * x * 0.134145 + 1) * 1.5957691216057308));
     }
@@ -179,7 +179,7 @@ struct GeluTanh : OpTraits<1, DTypeRule::float_math> {
 /// torch.nn.Hardswish: x * relu6(x + 3) / 6 (NaN stays NaN).
 struct Hardswish : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "hardswish", cuda = "kiln_hardswish({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) {  // torch: 0 below -3, x/3 + 1/2 up to 3, 1 above
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& x) {  // torch: 0 below -3, x/3 + 1/2 up to 3, 1 above
         return f(tag<Where>, f(tag<Lt>, x, -3.0), 0.0, f(tag<Where>, f(tag<Le>, x, 3.0), g * (x / 3 + 0.5), g));
     }
     static constexpr std::string_view cuda_helper =
@@ -191,7 +191,7 @@ struct Hardswish : OpTraits<1, DTypeRule::float_math> {
 };
 struct Relu : OpTraits<1, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "relu", cuda = "relu({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return f(tag<Where>, f(tag<Gt>, y, 0), g, 0); }  // torch: where the result is positive
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T&) { return f(tag<Where>, f(tag<Gt>, y, 0), g, 0); }  // torch: where the result is positive
     template <class V> static V eval(V x) { return kiln::detail::simd::relu(x); }
 };
 struct Floor : OpTraits<1, DTypeRule::same, 0b110> {
@@ -225,7 +225,7 @@ struct Sign : OpTraits<1, DTypeRule::same, 0b110> {
 };
 struct Reciprocal : OpTraits<1, DTypeRule::float_math> {
     static constexpr std::string_view name = "reciprocal", cuda = "(1 / ({0}))";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return -(g * y * y); }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T& y, const T&) { return -(g * y * y); }
     template <class V> static V eval(V x) { return V(detail::scalar_of<V>(1)) / x; }
 };
 struct LogicalNot : OpTraits<1, DTypeRule::logical> {
@@ -237,7 +237,7 @@ struct LogicalNot : OpTraits<1, DTypeRule::logical> {
 /// or squash to 0/1 (to bool); conversions between compute types happen at loads and stores.
 struct Cast : OpTraits<1, DTypeRule::cast> {
     static constexpr std::string_view name = "cast", cuda = "(({1})({0}))";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return f.cast(g, x.dtype()); }
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& x) { return f.cast(g, x.dtype()); }
     template <class V> static V eval(V x, DType to) {
         using T = detail::scalar_of<V>;
         if (to == DType::boolean) return kiln::detail::simd::ne(x, V(T(0)));
@@ -267,35 +267,35 @@ private:
 /// cast to the same dtype is removed), so a clone the program returns never aliases its source.
 struct Copy : OpTraits<1, DTypeRule::same> {
     static constexpr std::string_view name = "copy", cuda = "({0})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& x) { return g; }
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T&) { return g; }
     template <class V> static V eval(V x) { return x; }
 };
 
 // ---------------------------------------------------------------- binary
 struct Add : OpTraits<2, DTypeRule::same> {
     static constexpr std::string_view name = "add", cuda = "(({0}) + ({1}))";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T&, const T&) {
         if constexpr (K == 0) return g; else return g;
     }
     template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x + y; }); }
 };
 struct Sub : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "sub", cuda = "(({0}) - ({1}))";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T&, const T&) {
         if constexpr (K == 0) return g; else return -g;
     }
     template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x - y; }); }
 };
 struct Mul : OpTraits<2, DTypeRule::same> {
     static constexpr std::string_view name = "mul", cuda = "(({0}) * ({1}))";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T& a, const T& b) {
         if constexpr (K == 0) return g * b; else return g * a;
     }
     template <class V> static V eval(V a, V b) { return detail::wrap(a, b, [](auto x, auto y) { return x * y; }); }
 };
 struct Div : OpTraits<2, DTypeRule::float_math> {  // true division
     static constexpr std::string_view name = "div", cuda = "(({0}) / ({1}))";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+    template <int K, class F, class T> static auto vjp(const F&, const T& g, const T&, const T& a, const T& b) {
         if constexpr (K == 0) return g / b; else return -(g * a / (b * b));
     }
     template <class V> static V eval(V a, V b) { return a / b; }
@@ -312,7 +312,7 @@ struct Pow : OpTraits<2, DTypeRule::same, 0b110> {
 /// is 0 (torch raises ZeroDivisionError; a kernel cannot, so it follows numpy).
 struct Remainder : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "remainder", cuda = "kiln_remainder({0}, {1})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& a, const T& b) {
         if constexpr (K == 0) return g; else return -(g * f(tag<Floor>, a / b));
     }
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::remainder(a, b); }
@@ -320,7 +320,7 @@ struct Remainder : OpTraits<2, DTypeRule::same, 0b110> {
 /// torch.fmod / C's fmod: a - trunc(a / b) * b, with the sign of the dividend. Integer fmod(x, 0) is 0.
 struct Fmod : OpTraits<2, DTypeRule::same, 0b110> {
     static constexpr std::string_view name = "fmod", cuda = "kiln_fmod({0}, {1})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {  // trunc(a / b) = sign * floor(|a / b|)
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& a, const T& b) {  // trunc(a / b) = sign * floor(|a / b|)
         if constexpr (K == 0) return g; else return -(g * f(tag<Sign>, a / b) * f(tag<Floor>, f(tag<Abs>, a / b)));
     }
     template <class V> static V eval(V a, V b) { return kiln::detail::simd::fmod(a, b); }
@@ -334,7 +334,7 @@ struct FloorDivide : OpTraits<2, DTypeRule::same, 0b110> {
 };
 struct Maximum : OpTraits<2, DTypeRule::same> {  // NaN-propagating, like torch.maximum
     static constexpr std::string_view name = "maximum", cuda = "kiln_max({0}, {1})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {  // torch: ties split the gradient evenly
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& a, const T& b) {  // torch: ties split the gradient evenly
         if constexpr (K == 0) return f(tag<Where>, f(tag<Gt>, a, b), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
         else return f(tag<Where>, f(tag<Gt>, b, a), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
     }
@@ -342,7 +342,7 @@ struct Maximum : OpTraits<2, DTypeRule::same> {  // NaN-propagating, like torch.
 };
 struct Minimum : OpTraits<2, DTypeRule::same> {
     static constexpr std::string_view name = "minimum", cuda = "kiln_min({0}, {1})";
-    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T& y, const T& a, const T& b) {
+    template <int K, class F, class T> static auto vjp(const F& f, const T& g, const T&, const T& a, const T& b) {
         if constexpr (K == 0) return f(tag<Where>, f(tag<Lt>, a, b), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
         else return f(tag<Where>, f(tag<Lt>, b, a), g, f(tag<Where>, f(tag<Eq>, a, b), g * 0.5, 0));
     }
