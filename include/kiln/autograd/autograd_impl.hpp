@@ -182,7 +182,7 @@ Tensor rule(const Build& f, const Dyn& g, const Dyn& y, const std::vector<Dyn>& 
 /// A table op: its rule (the op table's vjp) over the saved operands and result.
 class OpNode final : public Node {
 public:
-    OpNode(ops::OpId op, DType attr, const std::source_location& loc) : Node(std::string(ops::op_name(op)), loc), op_(op), attr_(attr) {}
+    OpNode(ops::OpId op, const std::source_location& loc) : Node(std::string(ops::op_name(op)), loc), op_(op) {}
 
     std::vector<Saved> in;            ///< tensor operands (undefined for scalars)
     std::vector<double> scalar;       ///< scalar operands' values
@@ -218,7 +218,6 @@ public:
 
 private:
     ops::OpId op_;
-    DType attr_;
 };
 
 /// The dims of mask as an axis list (every dim for a rank-0 tensor).
@@ -295,7 +294,7 @@ KILN_DECL Tensor statement(const expr::Flat& f, const std::source_location& loc)
             bool any = false;
             for (const Tensor* t : operands) any = any || (t->defined() && t->requires_grad());
             if (any) {
-                auto node = std::make_shared<OpNode>(it.op, it.attr, loc);
+                auto node = std::make_shared<OpNode>(it.op, loc);
                 for (int k = 0; k < it.arity; ++k) {
                     const expr::Flat::Item& a = f.items[static_cast<std::size_t>(it.in[k])];
                     const Tensor* t = operands[static_cast<std::size_t>(k)];
@@ -349,8 +348,8 @@ KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, const std::source_loca
                     // layout (a transposed weight, x @ w.t(), gets its gradient as w's: no transposing copy)
                     const Tensor A2 = A.reshape({-1, A.size(-1)}), g2 = g.reshape({-1, g.size(-1)});
                     const bool transposed = B.stride(0) == 1 && B.stride(1) != 1;
-                    r[1] = transposed ? kiln::matmul(g2.t(), A2, self.loc()).t() : kiln::matmul(A2.t(), g2, self.loc());
-                    if (r[1].dtype() != B.dtype()) r[1] = r[1].to(B.dtype());
+                    r[1] = fit(transposed ? kiln::matmul(g2.t(), A2, self.loc()).t() : kiln::matmul(A2.t(), g2, self.loc()),
+                               B.shape(), B.dtype());
                 } else {
                     r[1] = fit(kiln::matmul(A.transpose(-2, -1), g, self.loc()), B.shape(), B.dtype());
                 }
@@ -439,23 +438,17 @@ namespace {
 /// zero_grad in the step is recorded as a fill); one that does not is made then (adopted by the
 /// tracer as memory from outside) and set on every call, as that trace's `grad = g` says.
 void accumulate(Meta& m, Tensor g) {
-    if (trace::Tracer* tr = trace::Tracer::active(); tr != nullptr && g.is_traced()) {
-        if (!m.grad.defined()) {
-            m.grad = Tensor(g.shape(), g.dtype(), g.device());
-            tr->adopt(m.grad);
-            m.grad.assign(g);
-            return;
-        }
+    if (m.grad.defined()) {
         m.grad.assign(m.grad + g);
-        return;
-    }
-    if (!m.grad.defined()) {
+    } else if (trace::Tracer* tr = trace::Tracer::active(); tr != nullptr && g.is_traced()) {
+        m.grad = Tensor(g.shape(), g.dtype(), g.device());
+        tr->adopt(m.grad);
+        m.grad.assign(g);
+    } else {
         // take g when nothing else holds its memory; otherwise a copy of its own
         const bool own = !g.is_traced() && g.is_contiguous() && g.storage() && g.storage().use_count() == 1;
         m.grad = own ? g : g.clone();
-        return;
     }
-    m.grad.assign(m.grad + g);
 }
 
 Tensor add(const Tensor& a, const Tensor& b) { return a.defined() ? Tensor(a + b) : b; }

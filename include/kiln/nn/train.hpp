@@ -86,12 +86,10 @@ inline void check_class_scores(std::string_view op, const Tensor& scores, const 
         kiln::detail::fail<ShapeError>(op, "targets of shape " + target.shape().str() + " do not match scores " +
                                                scores.shape().str(), loc);
 }
-/// -log_probs[i, target_i] per row (0 where ignored), the rows' weights (0 or 1), the valid count.
-inline Tensor picked_nll(const Tensor& log_probs, const Tensor& target, std::int64_t ignore, const Tensor& valid,
-                         const std::source_location& loc) {
+/// -log_probs[i, target_i] per row, 0 where `valid` is false (an ignored target).
+inline Tensor picked_nll(const Tensor& log_probs, const Tensor& target, const Tensor& valid, const std::source_location& loc) {
     const Tensor safe = Tensor(where(valid, target, 0), loc).to(DType::i64, loc);
     const Tensor picked = gather(log_probs, 1, safe.unsqueeze(1, loc), loc).squeeze(1, loc);
-    (void)ignore;
     return Tensor(where(valid, -picked, 0.0), loc);
 }
 inline Tensor reduce_rows(const Tensor& per_row, const Tensor& valid, Reduction r, const std::source_location& loc) {
@@ -108,7 +106,7 @@ inline Tensor nll_loss(const Tensor& log_probs, const Tensor& target, LossOption
     const kiln::detail::UserOpScope scope("nll_loss", loc);
     detail::check_class_scores("nll_loss", log_probs, target, loc);
     const Tensor valid = Tensor(target != o.ignore_index, loc);
-    return detail::reduce_rows(detail::picked_nll(log_probs, target, o.ignore_index, valid, loc), valid, o.reduction, loc);
+    return detail::reduce_rows(detail::picked_nll(log_probs, target, valid, loc), valid, o.reduction, loc);
 }
 
 /// Cross entropy of (N, C) logits and int64 class targets (torch.nn.functional.cross_entropy):
@@ -120,7 +118,7 @@ inline Tensor cross_entropy(const Tensor& logits, const Tensor& target, LossOpti
         kiln::detail::fail<ValueError>("cross_entropy", "label_smoothing must lie in [0, 1], got " + std::to_string(o.label_smoothing), loc);
     const Tensor lsm = log_softmax(logits, 1, loc);
     const Tensor valid = Tensor(target != o.ignore_index, loc);
-    Tensor per_row = detail::picked_nll(lsm, target, o.ignore_index, valid, loc);
+    Tensor per_row = detail::picked_nll(lsm, target, valid, loc);
     if (o.label_smoothing > 0) {
         const double eps = o.label_smoothing, c = static_cast<double>(logits.size(1));
         const Tensor smooth = Tensor(where(valid, -sum(lsm, 1, false, loc) / c, 0.0), loc);
