@@ -707,44 +707,88 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
 }
 
 // ---------------------------------------------------------------------------------------------
-// Training: mlp_train is one training step of the bench's MLP (batch 64, 1024 -> 4096 GELU(tanh) ->
-// 1024, f32 without TF32): forward, MSE loss against a fixed target, backward, AdamW (lr 1e-4).
+// Training rows: one training step each (forward, loss, backward, optimizer step).
+//   mlp_train        the bench's MLP (batch 64, 1024 -> 4096 GELU(tanh) -> 1024), f32 without TF32, MSE
+//                    loss against a fixed target, AdamW (lr 1e-4)
+//   bert_layer_train the bench's BERT layer (batch 8, seq 128, hidden 768, 12 heads, FFN 3072) with f32
+//                    master weights computing in bf16 (nn::autocast: the weights cast each step, as
+//                    torch.autocast does), MSE loss in f32 against a fixed target, AdamW (lr 1e-4)
+//   resnet18_train   ResNet-18 in training mode (BatchNorm on batch statistics), batch 16 at 224x224, f32
+//                    (TF32 GEMMs on the GPU, as torch's default TF32 convolutions), cross-entropy over
+//                    1000 classes, SGD (lr 0.01, momentum 0.9)
 // Methods: eager (the step called directly: ops recorded, one kernel per op and per gradient rule),
 // compiled (kiln::compile of the whole step: forward, backward and optimizer in one program) and,
 // on the GPU, reduce_overhead (that program replayed as a CUDA graph). Each method trains its own
 // copy of the model from the same seed; their first losses are checked against each other.
 
 struct Trainer {
-    std::shared_ptr<kiln::nn::Mlp> model;
-    std::shared_ptr<kiln::nn::AdamW> opt;
+    std::shared_ptr<void> model;  // the module (kept alive)
+    std::shared_ptr<kiln::nn::Optimizer> opt;
+    std::function<Tensor(const Tensor&, const Tensor&)> loss;  // forward and loss
     Tensor x, y;
+    double flops = 0;
+    std::string math;
+    double tol = 1e-4;  // first losses of the methods agree to this (relative)
     Tensor step(const Tensor& in, const Tensor& target) {
         opt->zero_grad();
-        Tensor loss = kiln::nn::mse_loss((*model)(in), target);
-        loss.backward();
+        Tensor l = loss(in, target);
+        l.backward();
         opt->step();
-        return loss.detach();
+        return l.detach();
     }
 };
 
-Trainer make_trainer(kiln::Device dev) {
+Trainer make_trainer(const std::string& name, kiln::Device dev) {
     kiln::manual_seed(7);
     Trainer t;
-    t.model = std::make_shared<kiln::nn::Mlp>(1024, 4096, 1024, kiln::nn::Init{kiln::DType::f32, dev});
-    t.opt = std::make_shared<kiln::nn::AdamW>(kiln::nn::parameters(*t.model), kiln::nn::AdamW::Options{.lr = 1e-4});
-    t.x = kiln::randn({64, 1024}).to(dev);
-    t.y = kiln::randn({64, 1024}).to(dev);
+    const kiln::nn::Init f32{kiln::DType::f32, dev};
+    if (name == "mlp_train") {
+        auto m = std::make_shared<kiln::nn::Mlp>(1024, 4096, 1024, f32);
+        t.model = m;
+        t.opt = std::make_shared<kiln::nn::AdamW>(kiln::nn::parameters(*m), kiln::nn::AdamW::Options{.lr = 1e-4});
+        t.loss = [m](const Tensor& x, const Tensor& y) { return kiln::nn::mse_loss((*m)(x), y); };
+        t.x = kiln::randn({64, 1024}).to(dev);
+        t.y = kiln::randn({64, 1024}).to(dev);
+        t.flops = 3 * 2.0 * 64 * (1024.0 * 4096 * 2);  // forward + backward (2x forward)
+        t.math = "f32 (no TF32)";
+    } else if (name == "bert_layer_train") {
+        const std::int64_t B = 8, S = 128, E = 768, H = 12, F = 3072;
+        auto m = std::make_shared<kiln::nn::BertLayer>(E, H, F, 1e-5, f32);
+        t.model = m;
+        t.opt = std::make_shared<kiln::nn::AdamW>(kiln::nn::parameters(*m), kiln::nn::AdamW::Options{.lr = 1e-4});
+        t.loss = [m](const Tensor& x, const Tensor& y) {
+            const kiln::nn::BertLayer low = kiln::nn::autocast(*m, kiln::DType::bf16);
+            return kiln::nn::mse_loss(low(x).to(kiln::DType::f32), y);
+        };
+        t.x = kiln::randn({B, S, E}).to(kiln::DType::bf16).to(dev);
+        t.y = kiln::randn({B, S, E}).to(dev);
+        t.flops = 3 * (2.0 * B * S * (E * 3.0 * E + E * E + 2.0 * E * F) + 2.0 * 2 * B * H * S * S * (E / H));
+        t.math = "bf16 compute, f32 master weights and AdamW state";
+        t.tol = 1e-3;
+    } else {  // resnet18_train
+        auto m = std::make_shared<kiln::nn::ResNet18>(1000, f32);
+        kiln::nn::train(*m);
+        t.model = m;
+        t.opt = std::make_shared<kiln::nn::SGD>(kiln::nn::parameters(*m), kiln::nn::SGD::Options{.lr = 0.01, .momentum = 0.9});
+        t.loss = [m](const Tensor& x, const Tensor& y) { return kiln::nn::cross_entropy((*m)(x), y); };
+        t.x = kiln::randn({16, 3, 224, 224}).to(dev);
+        t.y = kiln::randint(0, 1000, {16}).to(dev);
+        t.flops = 3 * 2.0 * 1814073344.0 * 16;  // 3x the forward's 2 * MACs (torch_anchor.py counts 1,814,073,344 per image)
+        t.math = dev.is_cuda() ? "f32, TF32 GEMMs (as torch's default TF32 convolutions)" : "f32";
+        t.tol = 1e-3;
+    }
     return t;
 }
 
-void train_rows(Bench& b, kiln::Device dev, int threads, bool gpu) {
-    const std::string name = "mlp_train";
-    b.set_meta(name, 3 * 2.0 * 64 * (1024.0 * 4096 * 2), "f32 (no TF32)");  // forward + backward (2x forward)
+void train_rows(Bench& b, const std::string& name, kiln::Device dev, int threads, bool gpu) {
+    const bool tf32 = gpu && name == "resnet18_train";
+    if (tf32) kiln::cuda::set_allow_tf32(true);
     float loss0 = 0;
     // one method at a time, each with its own model from the same seed (peak memory per method)
     for (const char* method : {"eager", "compiled", "reduce_overhead"}) {
         if (!gpu && std::string(method) == "reduce_overhead") continue;
-        Trainer t = make_trainer(dev);
+        Trainer t = make_trainer(name, dev);
+        b.set_meta(name, t.flops, t.math);
         std::function<Tensor()> step;
         std::shared_ptr<kiln::Compiled<std::function<Tensor(const Tensor&, const Tensor&)>>> c;
         if (std::string(method) == "eager") {
@@ -762,24 +806,30 @@ void train_rows(Bench& b, kiln::Device dev, int threads, bool gpu) {
         const float l = step().item<float>();  // the first step (trace, compile, run): every method starts from the same loss
         const double first_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
         if (std::string(method) == "eager") loss0 = l;
-        else if (std::abs(l - loss0) > 1e-4f * std::max(1.0f, std::abs(loss0)))
+        else if (!(std::abs(l - loss0) <= t.tol * std::max(1.0f, std::abs(loss0))))
             throw std::runtime_error("kiln_bench: " + name + " " + method + ": first loss " + std::to_string(l) + " but eager's is " +
                                      std::to_string(loss0));
         if (gpu) kiln::cuda::reset_peak_memory_stats(0);
         Tensor loss;
         if (gpu) b.gpu_row(name, method, 0, [&] { loss = step(); }, 20);
         else b.row(name, method, threads, 0, [&] { loss = step(); }, 3);
+        if (!std::isfinite(loss.item<float>()))
+            throw std::runtime_error("kiln_bench: " + name + " " + method + ": the loss is not finite after the timed steps");
         if (gpu) b.last_row().peak_mib = static_cast<double>(kiln::cuda::memory_stats(0).peak_bytes_in_use) / (1 << 20);
         b.last_row().first_call_us = first_us;  // the row's first call is the model's first step, compile included
         std::printf("  %s %s: first step (trace, compile, run) %.1f ms; %d kernels per step; peak device memory %.1f MiB\n", name.c_str(),
                     method, first_us / 1e3, c ? c->kernels() : 0, b.last_row().peak_mib);
     }
+    if (tf32) kiln::cuda::set_allow_tf32(false);
 }
+
+const char* const train_workloads[] = {"mlp_train", "bert_layer_train", "resnet18_train"};
 
 void bench_models(Bench& b) {
     for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"})
         if (b.wanted(name)) model_rows(b, name, kiln::Device::cpu(), b.options().max_threads, false);
-    if (b.wanted("mlp_train")) train_rows(b, kiln::Device::cpu(), b.options().max_threads, false);
+    for (const char* name : train_workloads)
+        if (b.wanted(name)) train_rows(b, name, kiln::Device::cpu(), b.options().max_threads, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1170,7 +1220,8 @@ void bench_gpu(Bench& b, const std::string& self) {
         std::filesystem::remove_all(dir);
     }
     bench_bert_base(b, kiln::Device::cuda(), true);
-    if (want("mlp_train")) train_rows(b, kiln::Device::cuda(), Bench::gpu, true);
+    for (const char* name : train_workloads)
+        if (want(name)) train_rows(b, name, kiln::Device::cuda(), Bench::gpu, true);
     std::printf("\nGPU summary (%s)\n", props.name.c_str());
     std::vector<const char*> all(std::begin(gpu_workloads), std::end(gpu_workloads));
     for (const char* m : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18", "bert_base_b1_f32", "bert_base_b1_bf16",

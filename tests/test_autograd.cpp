@@ -3,6 +3,7 @@
 // and a compiled training step against the eager one.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -530,5 +531,200 @@ TEST_CASE("autograd on CUDA matches the CPU" * doctest::skip(kiln_test::no_cuda(
         CAPTURE(i);
         CHECK(g[i].device().is_cuda());
         CHECK(maxdiff(g[i], c[i]) < 1e-4);
+    }
+}
+
+// ------------------------------------------------------------------ training layers
+TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
+    using A4 = std::array<std::uint32_t, 4>;
+    CHECK(philox4x32_10({0, 0, 0, 0}, {0, 0}) == A4{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u});
+    CHECK(philox4x32_10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu}) ==
+          A4{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu});
+    CHECK(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}) ==
+          A4{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u});
+}
+
+TEST_CASE("dropout: torch's semantics, a seeded Philox mask, its gradient, and compiled == eager") {
+    const Tensor x = Tensor(rand({200, 500}) + 0.5);
+    CHECK(nn::dropout(x, 0.3, false).storage() == x.storage());  // eval: x itself
+    CHECK(nn::dropout(x, 0.0).storage() == x.storage());
+    CHECK(maxdiff(nn::dropout(x, 1.0), zeros({200, 500})) == 0);
+    manual_seed(42);
+    const Tensor y = nn::dropout(x, 0.3);
+    const Tensor kept = Tensor(y != 0.0);
+    const double frac = mean(kept.to(DType::f64)).item<double>();
+    CHECK(std::abs(frac - 0.7) < 0.01);  // 100000 draws: 5 standard deviations are 0.0072
+    CHECK(maxdiff(Tensor(where(kept, x / 0.7, 0.0)), y) < 1e-6);  // survivors scaled by 1 / (1 - p)
+    manual_seed(42);
+    CHECK(maxdiff(nn::dropout(x, 0.3), y) == 0);  // the seed decides the mask
+    CHECK(maxdiff(nn::dropout(x, 0.3), y) > 0);   // the next call draws new numbers
+    // the mask follows kiln::philox_word for the generator's counters 0, 1, ...
+    const Tensor k2 = kept.reshape({-1});
+    for (std::int64_t i : {0, 1, 2, 777, 99999})
+        CHECK(k2.item<bool>(i) == ((philox_word(42, static_cast<std::uint64_t>(i)) >> 8) >= nn::detail::dropout_threshold(0.3)));
+    CHECK_THROWS_AS(nn::dropout(x, 1.5), ValueError);
+    CHECK_THROWS_AS(nn::dropout(Tensor(randint(0, 3, {4})), 0.5), DTypeError);
+    // the gradient is the mask times the scale
+    Tensor xl = x.detach().clone();
+    xl.requires_grad_();
+    manual_seed(3);
+    const Tensor yl = nn::dropout(xl, 0.25);
+    sum(yl).backward();
+    CHECK(maxdiff(xl.grad(), Tensor(where(yl != 0.0, 1.0 / 0.75, 0.0))) < 1e-6);
+    // compiled and eager draw the same masks for one seed (two draws of one input differ)
+    auto f = [](const Tensor& a) { return Tensor(nn::dropout(a, 0.5) + nn::dropout(a, 0.5) * 2.0); };
+    auto cf = compile(f);
+    manual_seed(9);
+    const Tensor e1 = f(x), e2 = f(x);
+    manual_seed(9);
+    const Tensor c1 = cf(x), c2 = cf(x);
+    CHECK(maxdiff(c1, e1) < 1e-6);
+    CHECK(maxdiff(c2, e2) < 1e-6);
+    CHECK(maxdiff(e1, e2) > 0);
+    // nn::Dropout follows train() / eval()
+    nn::BertLayer layer(8, 2, 16);
+    CHECK_FALSE(layer.dropout.training);
+    nn::train(layer);
+    CHECK(layer.dropout.training);
+    nn::eval(layer);
+    CHECK_FALSE(layer.dropout.training);
+}
+
+TEST_CASE("BatchNorm2d in training mode: batch statistics, running updates, gradients") {
+    manual_seed(4);
+    nn::BatchNorm2d bn(3, {DType::f64});
+    bn.weight = uniform({3}, 0.5, 1.5);
+    bn.bias = uniform({3}, -1, 1);
+    const Tensor x = uniform({4, 3, 5, 6}, -2, 3);
+    nn::train(bn);
+    const Tensor y = bn(x);
+    // reference in float64 by hand: per channel over (N, H, W)
+    const Tensor mu = mean(x, {0, 2, 3}, true), var = mean(Tensor((x - mu) * (x - mu)), {0, 2, 3}, true);
+    const Tensor ref = Tensor((x - mu) / kiln::sqrt(var + 1e-5) * bn.weight.view({3, 1, 1}) + bn.bias.view({3, 1, 1}));
+    CHECK(maxdiff(y, ref) < 1e-12);
+    CHECK(maxdiff(bn.running_mean, Tensor(mu.reshape({3}) * 0.1)) < 1e-12);
+    CHECK(maxdiff(bn.running_var, Tensor(0.9 + var.reshape({3}) * (0.1 * 120.0 / 119.0))) < 1e-12);
+    // the channels-last form is the same map
+    CHECK(maxdiff(bn.nhwc(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}), y) < 1e-12);
+    nn::eval(bn);
+    const Tensor ye = bn(x);
+    CHECK(maxdiff(ye, Tensor((x - bn.running_mean.view({3, 1, 1})) / kiln::sqrt(bn.running_var.view({3, 1, 1}) + 1e-5) *
+                             bn.weight.view({3, 1, 1}) + bn.bias.view({3, 1, 1}))) < 1e-12);
+    nn::train(bn);
+    gradcheck("batch_norm train", [&](const auto& v) {
+        bn.weight = v[1];
+        bn.bias = v[2];
+        return bn(v[0]);
+    }, {uniform({3, 3, 2, 3}, -2, 2), bn.weight, bn.bias});
+    // parameters exclude the running statistics; the state dict has them
+    CHECK(nn::parameters(bn).size() == 2);
+    CHECK(nn::state_dict(bn).size() == 4);
+    CHECK_FALSE(bn.running_mean.requires_grad());
+    CHECK_THROWS_AS(bn(uniform({1, 3, 1, 1}, 0, 1)), ValueError);
+}
+
+TEST_CASE("conv2d and max_pool2d gradients match finite differences") {
+    manual_seed(12);
+    nn::Window w;
+    w.sh = 2, w.sw = 1, w.ph = 1, w.pw = 2, w.dh = 1, w.dw = 2;
+    gradcheck("conv2d stride/padding/dilation + bias", [&](const auto& v) { return nn::conv2d(v[0], v[1], v[2], w); },
+              {uniform({2, 3, 5, 6}, -1, 1), uniform({4, 3, 3, 2}, -1, 1), uniform({4}, -1, 1)});
+    gradcheck("conv2d 1x1 stride 2, no bias", [&](const auto& v) {
+        nn::Window s;
+        s.sh = s.sw = 2;
+        return nn::conv2d(v[0], v[1], Tensor{}, s);
+    }, {uniform({2, 4, 5, 5}, -1, 1), uniform({3, 4, 1, 1}, -1, 1)});
+    gradcheck("conv2d with residual and relu", [&](const auto& v) {
+        nn::Window s;
+        s.ph = s.pw = 1;
+        return nn::detail::conv2d_nhwc(v[0], v[1], Tensor{}, s, Act::relu, std::source_location::current(), v[2]);
+    }, {uniform({1, 4, 4, 2}, -1, 1), uniform({3, 2, 3, 3}, -1, 1), uniform({1, 4, 4, 3}, -1, 1)});
+    // distinct values: every window has one maximum
+    nn::Window p;
+    p.kh = p.kw = 3;
+    p.sh = p.sw = 2;
+    p.ph = p.pw = 1;
+    const Tensor distinct = Tensor(arange(2 * 3 * 7 * 6, DType::f64).reshape({2, 3, 7, 6}) * 0.37);
+    const Tensor perm = Tensor(kiln::sin(distinct) * 3.0);
+    gradcheck("max_pool2d", [&](const auto& v) { return nn::max_pool2d(v[0], p); }, {perm});
+    // ties: the gradient goes to the first maximum of each window, as torch's does
+    Tensor flat = zeros({1, 1, 4, 4}, DType::f64);
+    flat.requires_grad_();
+    nn::Window q;
+    q.kh = q.kw = 2;
+    q.sh = q.sw = 2;
+    sum(nn::max_pool2d(flat, q)).backward();
+    const Tensor expect = Tensor(arange(16, DType::f64).reshape({1, 1, 4, 4}) * 0.0);
+    Tensor e = expect.clone();
+    for (auto [r, c] : {std::pair{0, 0}, {0, 2}, {2, 0}, {2, 2}}) e.at<double>({0, 0, r, c}) = 1.0;
+    CHECK(maxdiff(flat.grad(), e) == 0);
+    // adaptive average pooling is a mean: its gradient by decomposition
+    gradcheck("adaptive_avg_pool2d", [&](const auto& v) { return nn::adaptive_avg_pool2d(v[0], 2, 1); }, {uniform({1, 2, 4, 3}, -1, 1)});
+}
+
+TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one, BatchNorm in training mode") {
+    manual_seed(21);
+    nn::ResNet18 eager_m(10), comp_m(10);
+    {
+        const no_grad off;
+        std::map<std::string, Tensor> copy;
+        for (const auto& [k, t] : nn::state_dict(eager_m)) copy.emplace(k, t.clone());
+        nn::load_state(comp_m, copy);
+    }
+    nn::train(eager_m);
+    nn::train(comp_m);
+    CHECK(eager_m.bn1.training);
+    CHECK(eager_m.blocks[2].down_bn.training);
+    CHECK(nn::parameters(eager_m).size() == 62);  // torchvision's resnet18 has 62 parameter tensors
+    CHECK(nn::state_dict(eager_m).size() == 102);  // and 102 state-dict entries without num_batches_tracked
+    nn::SGD eo(nn::parameters(eager_m), {.lr = 0.01, .momentum = 0.9}), co(nn::parameters(comp_m), {.lr = 0.01, .momentum = 0.9});
+    auto step = [](nn::ResNet18& m, nn::Optimizer& o, const Tensor& x, const Tensor& y) {
+        o.zero_grad();
+        Tensor loss = nn::cross_entropy(m(x), y);
+        loss.backward();
+        o.step();
+        return loss.detach();
+    };
+    auto compiled = compile([&](const Tensor& x, const Tensor& y) { return step(comp_m, co, x, y); }, {.fullgraph = true});
+    manual_seed(22);
+    const Tensor x = randn({4, 3, 32, 32}), y = Tensor(randint(0, 10, {4}));
+    float first = 0, last = 0;
+    for (int i = 0; i < 4; ++i) {
+        const float le = step(eager_m, eo, x, y).item<float>();
+        const float lc = compiled(x, y).item<float>();
+        CAPTURE(i);
+        CHECK(lc == doctest::Approx(le).epsilon(2e-3));
+        if (i == 0) first = le;
+        last = le;
+    }
+    CHECK(last < first);  // the same batch four times: the loss falls
+    CHECK(compiled.compiles() == 1);
+    const auto pe = nn::state_dict(eager_m), pc = nn::state_dict(comp_m);
+    for (const std::string name : {"conv1.weight", "bn1.running_mean", "layer4.1.bn2.running_var", "fc.weight", "fc.bias"}) {
+        CAPTURE(name);
+        CHECK(maxdiff(pc.at(name), pe.at(name)) < 2e-3 * std::max(1.0, maxdiff(pe.at(name), zeros(pe.at(name).shape()))));
+    }
+}
+TEST_CASE("a compiled program reads a parameter's current value, also through a copy or a parameter-only expression") {
+    // a parameter (requires grad) is live memory for a trace: work on it alone is recorded, not
+    // computed once while tracing (a training step writes it later in the same trace)
+    manual_seed(21);
+    const Tensor x = randn({2, 3, 8, 8});
+    for (int k : {1, 3}) {  // 1x1: the GEMM reads a view of the weight; 3x3: a permuted copy
+        CAPTURE(k);
+        nn::Conv2d conv(3, 4, k, 1, k / 2, true);
+        conv.weight.requires_grad_();
+        conv.bias.requires_grad_();
+        auto f = [&](const Tensor& a) { return Tensor(sum(Tensor(conv(a) * conv(a))) + sum(Tensor(conv.weight * 2.0)) + sum(matmul(conv.bias, conv.bias))); };
+        auto c = compile(f);
+        CHECK(c(x).item<float>() == doctest::Approx(f(x).item<float>()).epsilon(1e-5));
+        {
+            const no_grad off;
+            Tensor w = conv.weight, b = conv.bias;
+            w.copy_(Tensor(w * 2.0));
+            b.copy_(Tensor(b + 1.0));
+        }
+        CHECK(c(x).item<float>() == doctest::Approx(f(x).item<float>()).epsilon(1e-5));
+        CHECK(c.compiles() == 1);
     }
 }

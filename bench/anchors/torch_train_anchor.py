@@ -3,13 +3,21 @@
 
     python3 bench/anchors/torch_train_anchor.py --json OUT.json [--device cuda|cpu] [--min-time S]
 
+    [--workloads mlp_train,bert_layer_train,resnet18_train]
+
 mlp_train: the bench's MLP (Linear(1024, 4096), GELU(tanh), Linear(4096, 1024)), batch 64, f32
 (allow_tf32 off, as kiln's f32 rows), MSE loss against a fixed target, backward, AdamW(lr=1e-4).
+bert_layer_train: the bench's BERT layer (torch_anchor.BertLayer: hidden 768, 12 heads, FFN 3072,
+batch 8, seq 128) with f32 weights under torch.autocast(bfloat16) for forward and loss, MSE loss
+in f32 against a fixed target, AdamW(lr=1e-4) on the f32 weights.
+resnet18_train: torch_anchor.ResNet18 in training mode, batch 16 at 224x224, f32 with TF32
+convolutions (torch's default: cudnn.allow_tf32 on, matmul.allow_tf32 off), cross-entropy over
+1000 classes, SGD(lr=0.01, momentum=0.9).
 Methods:
-  eager       the step in plain PyTorch, AdamW's default (foreach) implementation
+  eager       the step in plain PyTorch, the optimizer's default (foreach) implementation
   compile     torch.compile of the model and loss (AOTAutograd compiles forward and backward),
-              AdamW(fused=True)
-  compile_ro  the same with mode="reduce-overhead" (CUDA graphs), AdamW(fused=True)
+              the optimizer with fused=True
+  compile_ro  the same with mode="reduce-overhead" (CUDA graphs), fused=True
 Each method trains its own copy from the same seed; the first step's loss of each is checked
 against eager's. Timing as kiln_bench's rows: latency_us (= median_us: CUDA events around each
 call, synchronized after each), throughput_us (calls back to back between two events, >= 0.1 s a
@@ -36,7 +44,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_anchor import Timer  # noqa: E402  (the same timing as every other anchor row)
+from torch_anchor import BertLayer, ResNet18, Timer  # noqa: E402  (the same modules and timing as the inference rows)
 
 
 class MLP(nn.Module):
@@ -48,14 +56,34 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-def make(dev, fused):
+def make(name, dev, fused):
+    """(model, optimizer, loss(x, y), x, y, flops, math, autocast) of a training workload."""
     torch.manual_seed(7)
-    model = MLP(1024, 4096).to(dev)
     g = torch.Generator(device="cpu").manual_seed(7)
-    x = torch.randn((64, 1024), generator=g).to(dev)
-    y = torch.randn((64, 1024), generator=g).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused if dev.type == "cuda" else None)
-    return model, opt, x, y
+    fused = fused if dev.type == "cuda" else None
+    if name == "mlp_train":
+        model = MLP(1024, 4096).to(dev)
+        x = torch.randn((64, 1024), generator=g).to(dev)
+        y = torch.randn((64, 1024), generator=g).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+        return model, opt, lambda inp, tgt: F.mse_loss(model(inp), tgt), x, y, 3 * 2.0 * 64 * (1024 * 4096 * 2), "f32 (no TF32)", False
+    if name == "bert_layer_train":
+        B, S, E, H, Fh = 8, 128, 768, 12, 3072
+        model = BertLayer(E, H, Fh, eps=1e-5).to(dev)
+        x = torch.randn((B, S, E), generator=g).to(dev)
+        y = torch.randn((B, S, E), generator=g).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+        flops = 3 * (2.0 * B * S * (E * 3 * E + E * E + 2 * E * Fh) + 2 * 2 * B * H * S * S * (E // H))
+        return (model, opt, lambda inp, tgt: F.mse_loss(model(inp).float(), tgt), x, y, flops,
+                "bf16 compute (autocast), f32 master weights and AdamW state", True)
+    if name == "resnet18_train":
+        model = ResNet18().to(dev).train()
+        x = torch.randn((16, 3, 224, 224), generator=g).to(dev)
+        y = torch.randint(0, 1000, (16,), generator=g).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=fused)
+        return (model, opt, lambda inp, tgt: F.cross_entropy(model(inp), tgt), x, y, 3 * 2.0 * 1814073344 * 16,
+                "f32, TF32 convolutions (torch's default)", False)
+    raise ValueError(f"no training workload {name}")
 
 
 def main():
@@ -63,56 +91,60 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--workloads", default="mlp_train,bert_layer_train,resnet18_train")
     a = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
-    rows, ref = [], None
-    flops = 3 * 2.0 * 64 * (1024 * 4096 * 2)
-    for method in ("eager", "compile", "compile_ro"):
-        torch._dynamo.reset()
-        model, opt, x, y = make(dev, fused=method != "eager")
-        loss_fn = lambda inp, tgt: F.mse_loss(model(inp), tgt)  # noqa: E731
-        if method != "eager":
-            loss_fn = torch.compile(loss_fn, mode="reduce-overhead" if method == "compile_ro" else None)
+    rows = []
+    for name in a.workloads.split(","):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = name == "resnet18_train"
+        ref = None
+        for method in ("eager", "compile", "compile_ro"):
+            if method == "compile_ro" and not cuda:
+                continue
+            torch._dynamo.reset()
+            model, opt, loss_fn, x, y, flops, math_mode, autocast = make(name, dev, fused=method != "eager")
+            if method != "eager":
+                loss_fn = torch.compile(loss_fn, mode="reduce-overhead" if method == "compile_ro" else None)
 
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(x, y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
+            def step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+                    loss = loss_fn(x, y)
+                loss.backward()
+                opt.step()
+                return loss.detach()
 
-        sync()
-        t0 = time.perf_counter()
-        first = step()
-        sync()
-        first_us = (time.perf_counter() - t0) * 1e6
-        row = {"workload": "mlp_train", "method": method, "device": str(dev), "threads": 0 if cuda else torch.get_num_threads(),
-               "math": "f32 (no TF32)", "flops": flops, "first_call_us": first_us, "loss0": float(first)}
-        if ref is None:
-            ref = float(first)
-        row["ok"] = math.isclose(float(first), ref, rel_tol=1e-4)
-        for _ in range(3):
-            step()
-        sync()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(dev)
-        timer = Timer(dev, a.min_time, 20)
-        times, host = timer.repeats(step)
-        row.update(median_us=statistics.median(times), latency_us=statistics.median(times), min_us=min(times), repeats=len(times),
-                   host_us=statistics.median(host))
-        if cuda:
-            row["throughput_us"] = timer.throughput(step, row["median_us"])
-            row["peak_mem_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
-        rate = row.get("throughput_us", row["median_us"])
-        row["tflops"] = flops / (rate * 1e6)
-        rows.append(row)
-        print(f"[torch_train_anchor] {method:<10} latency {row['median_us']:9.1f} us  thru {row.get('throughput_us', 0):9.1f} us  "
-              f"host {row['host_us']:8.1f}  first {first_us / 1e3:8.1f} ms  peak {row.get('peak_mem_mib', 0):.0f} MiB  ok={row['ok']}",
-              file=sys.stderr, flush=True)
+            sync()
+            t0 = time.perf_counter()
+            first = step()
+            sync()
+            first_us = (time.perf_counter() - t0) * 1e6
+            row = {"workload": name, "method": method, "device": str(dev), "threads": 0 if cuda else torch.get_num_threads(),
+                   "math": math_mode, "flops": flops, "first_call_us": first_us, "loss0": float(first)}
+            if ref is None:
+                ref = float(first)
+            row["ok"] = math.isclose(float(first), ref, rel_tol=1e-3)
+            for _ in range(3):
+                step()
+            sync()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(dev)
+            timer = Timer(dev, a.min_time, 20 if cuda else 3)
+            times, host = timer.repeats(step)
+            row.update(median_us=statistics.median(times), latency_us=statistics.median(times), min_us=min(times), repeats=len(times),
+                       host_us=statistics.median(host))
+            if cuda:
+                row["throughput_us"] = timer.throughput(step, row["median_us"])
+                row["peak_mem_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
+            rate = row.get("throughput_us", row["median_us"])
+            row["tflops"] = flops / (rate * 1e6)
+            rows.append(row)
+            print(f"[torch_train_anchor] {name:<16} {method:<10} latency {row['median_us']:9.1f} us  thru {row.get('throughput_us', 0):9.1f} us  "
+                  f"host {row['host_us']:8.1f}  first {first_us / 1e3:8.1f} ms  peak {row.get('peak_mem_mib', 0):.0f} MiB  ok={row['ok']}",
+                  file=sys.stderr, flush=True)
     meta = {"tool": "bench/anchors/torch_train_anchor.py", "argv": sys.argv, "torch": torch.__version__,
             "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "device": str(dev),
             "gpu": torch.cuda.get_device_name(dev) if cuda else None}

@@ -1,12 +1,35 @@
 // Seedable counter-based random numbers: results do not depend on the thread count.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cmath>
 #include <numbers>
 
 namespace kiln {
+
+/// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; the
+/// generator of cuRAND and of torch's CUDA dropout): four 32-bit words from a 128-bit counter and
+/// a 64-bit key. The CUDA text of the same rounds is cuda::detail::philox_source().
+constexpr std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c, std::array<std::uint32_t, 2> k) {
+    for (int r = 0; r < 10; ++r) {
+        if (r > 0) {
+            k[0] += 0x9E3779B9u;
+            k[1] += 0xBB67AE85u;
+        }
+        const std::uint64_t p0 = std::uint64_t{0xD2511F53u} * c[0], p1 = std::uint64_t{0xCD9E8D57u} * c[2];
+        c = {static_cast<std::uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<std::uint32_t>(p1),
+             static_cast<std::uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<std::uint32_t>(p0)};
+    }
+    return c;
+}
+
+/// The first Philox word for a 64-bit counter under a 64-bit seed (what dropout draws per element).
+constexpr std::uint32_t philox_word(std::uint64_t seed, std::uint64_t counter) {
+    return philox4x32_10({static_cast<std::uint32_t>(counter), static_cast<std::uint32_t>(counter >> 32), 0, 0},
+                         {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)})[0];
+}
 
 /// A random stream: a seed and a counter. Element i of a draw hashes (seed, counter + i), so a
 /// parallel fill gives the same numbers as a serial one.
@@ -16,8 +39,13 @@ public:
     void manual_seed(std::uint64_t seed) {
         seed_ = seed;
         counter_.store(0);
+        epoch_.fetch_add(1);
     }
     std::uint64_t seed() const { return seed_; }
+    /// The next counter a draw would get.
+    std::uint64_t offset() const { return counter_.load(); }
+    /// How many times manual_seed ran (streams derived from this one restart when it changes).
+    std::uint64_t epoch() const { return epoch_.load(); }
     /// Reserves n counters and returns the first.
     std::uint64_t advance(std::uint64_t n) { return counter_.fetch_add(n); }
 
@@ -40,6 +68,7 @@ public:
 private:
     std::uint64_t seed_;
     std::atomic<std::uint64_t> counter_{0};
+    std::atomic<std::uint64_t> epoch_{0};
 };
 
 /// The generator factories use when none is given.

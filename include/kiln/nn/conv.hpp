@@ -166,6 +166,103 @@ namespace detail {
 /// x as (N, C, H, W) for messages, from its channels-last (N, H, W, C) logical shape.
 inline Shape nchw_of(const Shape& nhwc) { return nhwc.rank() == 4 ? Shape{nhwc[0], nhwc[3], nhwc[1], nhwc[2]} : nhwc; }
 
+template <class T>
+void col2im_cpu(const Tensor& cols, Tensor& x, std::int64_t OH, std::int64_t OW, const Window& win) {
+    const std::int64_t N = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3), K = win.kh * win.kw * C;
+    const T* src = static_cast<const T*>(cols.data_ptr());
+    T* dst = static_cast<T*>(x.data_ptr());
+    kiln::detail::parallel_for(N * H * W, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(C, 1)), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+            const std::int64_t n = r / (H * W), h = (r / W) % H, w = r % W;
+            T* out = dst + r * C;
+            std::fill(out, out + C, T(0));
+            for (std::int64_t a = 0; a < win.kh; ++a) {
+                const std::int64_t t = h + win.ph - a * win.dh;
+                if (t < 0 || t % win.sh != 0 || t / win.sh >= OH) continue;
+                for (std::int64_t b = 0; b < win.kw; ++b) {
+                    const std::int64_t u = w + win.pw - b * win.dw;
+                    if (u < 0 || u % win.sw != 0 || u / win.sw >= OW) continue;
+                    const T* in = src + ((n * OH + t / win.sh) * OW + u / win.sw) * K + (a * win.kw + b) * C;
+                    for (std::int64_t c = 0; c < C; ++c) out[c] += in[c];
+                }
+            }
+        }
+    });
+}
+
+/// The gradient of im2col: (N, H, W, C) (xs, channels-last) whose every element sums the entries of
+/// cols (N*OH*OW, KH*KW*C) that im2col copied from it. Summed in f32 (f64 for f64), no atomics.
+inline Tensor col2im_now(const Tensor& cols_in, const Shape& xs, const Window& win, const Loc& loc) {
+    const DType work = cols_in.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor cols = cols_in.to(work, loc).contiguous();
+    Tensor x(xs, work, cols.device(), loc);
+    if (x.numel() == 0) return x.to(cols_in.dtype(), loc);
+    const std::int64_t OH = win.out_h(xs[1]), OW = win.out_w(xs[2]);
+    if (x.device().is_cuda()) {
+        const int device = x.device().index;
+        const std::int64_t total = x.numel();
+        cuda::detail::Args a;
+        a.add_ptr(cols.data_ptr());
+        a.add_ptr(x.data_ptr());
+        for (std::int64_t v : {total, xs[3], xs[1], xs[2], OH, OW, win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw}) a.add(v);
+        const bool i64 = cols.numel() >= (std::int64_t{1} << 31);
+        cuda::detail::launch(cuda::detail::kernel_function(cuda::detail::col2im_kernel(work, i64), device),
+                             cuda::detail::grid_for(total, 256, device), 256, 0, cuda::current_stream(device), a.finish());
+    } else if (work == DType::f64) {
+        col2im_cpu<double>(cols, x, OH, OW, win);
+    } else {
+        col2im_cpu<float>(cols, x, OH, OW, win);
+    }
+    return x.to(cols_in.dtype(), loc);
+}
+
+/// col2im as a library op (a Kind::call node under kiln::compile; the batch follows the rows).
+inline Tensor col2im(const Tensor& cols, const Shape& xs, const Window& win, const Loc& loc) {
+    auto op = std::make_shared<ir::CallOp>();
+    op->key = "col2im(" + win.str() + ", " + xs.str() + ")";
+    op->shape = [xs, win](const std::vector<Shape>& s) {
+        return Shape{s[0][0] / (win.out_h(xs[1]) * win.out_w(xs[2])), xs[1], xs[2], xs[3]};
+    };
+    op->run = [xs, win, loc](const std::vector<Tensor>& in) {
+        Shape x = xs;
+        x[0] = in[0].size(0) / (win.out_h(xs[1]) * win.out_w(xs[2]));
+        return col2im_now(in[0], x, win, loc);
+    };
+    return trace::call_op(std::move(op), {cols}, cols.dtype(), loc);
+}
+
+/// im2col of channels-last x (N, H, W, C) as a library op, recorded for backward (its gradient is
+/// col2im): the patch matrix (N*OH*OW, KH*KW*C) that conv2d's GEMM and max_pool2d's backward read.
+inline Tensor im2col_nhwc(const Tensor& x, const Window& win, std::uint64_t pad_bits, const Loc& loc) {
+    const auto forward = [&] {
+        auto op = std::make_shared<ir::CallOp>();
+        op->key = "im2col(" + win.str() + ", pad=" + std::to_string(pad_bits) + ")";
+        op->shape = [win](const std::vector<Shape>& s) {
+            return Shape{s[0][0] * win.out_h(s[0][1]) * win.out_w(s[0][2]), win.kh * win.kw * s[0][3]};
+        };
+        op->run = [win, pad_bits](const std::vector<Tensor>& in) { return im2col(channels_last(in[0].permute({0, 3, 1, 2})), win, pad_bits); };
+        return trace::call_op(std::move(op), {x}, x.dtype(), loc);
+    };
+    if (!autograd::detail::needs_grad({&x})) return forward();
+    return autograd::detail::library(
+        "im2col", {&x}, forward, [xs = x.shape(), win, loc](const Tensor& g) { return std::vector<Tensor>{col2im(g, xs, win, loc)}; }, loc);
+}
+
+/// conv2d while recording for backward: im2col (whose gradient is col2im) and one GEMM through
+/// nn::linear (whose gradients are GEMMs), so every operand's gradient comes from recorded ops.
+inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tensor& bias, const Window& win, Act act,
+                              const Tensor& residual, const Shape& out, const Loc& loc) {
+    const Tensor cols = im2col_nhwc(x, win, 0, loc);
+    const Tensor w2 = weight.permute({0, 2, 3, 1}, loc).reshape({weight.size(0), -1}, loc);
+    const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;
+    if (!residual.defined()) return linear(cols, w2, b, act, loc).reshape(out, loc);
+    return add_act(linear(cols, w2, b, Act::none, loc).reshape(out, loc), residual, act, loc);
+}
+
+/// max_pool2d's gradient: each window's gradient goes to its first maximum (torch's argmax
+/// convention: ties and runs of equal values give it to the earliest position), then col2im.
+inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc);
+
 /// w * scale and (bias - mean) * scale + shift per output channel (weight (OC, C, KH, KW); bias and
 /// mean (OC) or undefined, read as 0), computed in float64 and stored in the weight's dtype and
 /// device, the weight channels-last (conv2d reads (OC, KH, KW, C) rows).
@@ -269,6 +366,7 @@ inline Tensor conv2d_nhwc(const Tensor& x, const Tensor& weight, const Tensor& b
     const Shape out{xs[0], win.out_h(xs[2]), win.out_w(xs[3]), weight.size(0)};
     if (residual.defined() && residual.shape() != out)
         kiln::detail::fail<ShapeError>("conv2d", "residual " + residual.shape().str() + " does not match the output " + out.str(), loc);
+    if (autograd::detail::needs_grad({&x, &weight, &bias, &residual})) return conv2d_recorded(x, weight, bias, win, act, residual, out, loc);
     const bool has_bias = bias.defined(), has_res = residual.defined();
     std::shared_ptr<ir::CallOp> op = conv2d_op(win, act, has_bias, has_res, loc);
     std::vector<Tensor> operands{x, weight};
@@ -282,6 +380,10 @@ inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
     check_window("max_pool2d", nchw_of(x.shape()), win, loc);
     if (win.ph * 2 > win.kh || win.pw * 2 > win.kw)
         kiln::detail::fail<ValueError>("max_pool2d", "padding must be at most half the window (" + win.str() + ")", loc);
+    if (autograd::detail::needs_grad({&x}))
+        return autograd::detail::library(
+            "max_pool2d", {&x}, [&] { return max_pool2d_nhwc(x, win, loc); },
+            [xd = x.detach(), win, loc](const Tensor& g) { return std::vector<Tensor>{max_pool2d_backward(xd, g, win, loc)}; }, loc);
     auto op = std::make_shared<ir::CallOp>();
     op->key = "max_pool2d(" + win.str() + ")";
     op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[0][3]}; };
@@ -303,6 +405,24 @@ inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
         return m.contiguous().view({N, OH, OW, C});
     };
     return trace::call_op(std::move(op), {x}, x.dtype(), loc);
+}
+
+inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc) {
+    const std::int64_t C = x.size(3), KK = win.kh * win.kw;
+    const Tensor v = im2col_nhwc(x, win, neg_inf_bits(x.dtype()), loc);
+    const std::int64_t rows = v.size(0);
+    const Tensor cols = v.view({rows, KK, C});
+    const Tensor m = max(cols, {1}, false, loc);
+    const Tensor g2 = g.reshape({rows, C}, loc);
+    std::vector<Tensor> parts;
+    Tensor taken;
+    for (std::int64_t k = 0; k < KK; ++k) {
+        const Tensor vk = cols.select(1, k);
+        const Tensor sel = k == 0 ? Tensor(vk == m, loc) : Tensor((vk == m) & !taken, loc);
+        taken = k == 0 ? sel : Tensor(taken | sel, loc);
+        parts.push_back(Tensor(where(sel, g2, 0.0), loc));
+    }
+    return col2im(stack(parts, 1, loc).view({rows, KK * C}), x.shape(), win, loc);
 }
 
 }  // namespace detail
@@ -357,10 +477,14 @@ struct Conv2d {
     }
 };
 
-/// torch.nn.BatchNorm2d at inference: (x - running_mean) / sqrt(running_var + eps) * weight + bias.
+/// torch.nn.BatchNorm2d. In eval mode (the default; nn::eval): (x - running_mean) / sqrt(running_var
+/// + eps) * weight + bias. In training mode (nn::train): the batch's mean and biased variance over
+/// (N, H, W) normalize, and the running statistics move by `momentum` toward the batch mean and the
+/// unbiased batch variance (in place, not recorded for backward), as torch's do.
 struct BatchNorm2d {
     Tensor weight, bias, running_mean, running_var;
-    double eps = 1e-5;
+    double eps = 1e-5, momentum = 0.1;
+    bool training = false;
 
     BatchNorm2d() = default;
     explicit BatchNorm2d(std::int64_t c, Init o = {}) {
@@ -372,19 +496,44 @@ struct BatchNorm2d {
     bool defined() const { return weight.defined(); }
     template <class X> Tensor operator()(const X& x, Loc loc = Loc::current()) const {
         const std::int64_t c = weight.size(0);
-        const Tensor scale = Tensor(weight * rsqrt(running_var + eps), loc).view({c, 1, 1});
-        return Tensor((x - running_mean.view({c, 1, 1})) * scale + bias.view({c, 1, 1}), loc);
+        if (!training) {
+            const Tensor scale = Tensor(weight * rsqrt(running_var + eps), loc).view({c, 1, 1});
+            return Tensor((x - running_mean.view({c, 1, 1})) * scale + bias.view({c, 1, 1}), loc);
+        }
+        const Tensor xt = kiln::eval(x, loc);
+        if (xt.rank() != 4) kiln::detail::fail<ShapeError>("BatchNorm2d", "input must be 4-D (N, C, H, W), got " + xt.shape().str(), loc);
+        return nhwc(xt.permute({0, 2, 3, 1}, loc), loc).permute({0, 3, 1, 2}, loc);
     }
     /// Over channels-last (N, H, W, C) values: the per-channel parameters broadcast along the last dim.
     template <class X> Tensor nhwc(const X& x, Loc loc = Loc::current()) const {
-        return Tensor((x - running_mean) * (weight * rsqrt(running_var + eps)) + bias, loc);
+        if (!training) return Tensor((x - running_mean) * (weight * rsqrt(running_var + eps)) + bias, loc);
+        const Tensor xt = kiln::eval(x, loc);
+        if (xt.rank() != 4 || xt.size(3) != weight.size(0))
+            kiln::detail::fail<ShapeError>("BatchNorm2d", "input " + detail::nchw_of(xt.shape()).str() + " does not have " +
+                                                              std::to_string(weight.size(0)) + " channels", loc);
+        const std::int64_t count = xt.numel() / xt.size(3);
+        if (count < 2)
+            kiln::detail::fail<ValueError>("BatchNorm2d", "training needs more than one value per channel, got input " +
+                                                              detail::nchw_of(xt.shape()).str(), loc);
+        const Tensor mu = mean(xt, {0, 1, 2}, false, loc);
+        const Tensor centered(xt - mu, loc);
+        const Tensor var = mean(centered * centered, {0, 1, 2}, false, loc);
+        {
+            const no_grad off;
+            Tensor rm = running_mean, rv = running_var;
+            const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+            rm.copy_(Tensor(rm * (1 - momentum) + mu * momentum, loc), loc);
+            rv.copy_(Tensor(rv * (1 - momentum) + var * (momentum * unbias), loc), loc);
+        }
+        return Tensor(centered * (rsqrt(var + eps) * weight) + bias, loc);
     }
     template <class F> void visit(const std::string& prefix, F&& f) {
         if (!defined()) return;  // folded into its convolution
         f(prefix + "weight", weight);
         f(prefix + "bias", bias);
-        f(prefix + "running_mean", running_mean);
-        f(prefix + "running_var", running_var);
+        nn::detail::visit_buffer(f, prefix + "running_mean", running_mean);
+        nn::detail::visit_buffer(f, prefix + "running_var", running_var);
+        nn::detail::visit_mode(f, training);
     }
 };
 

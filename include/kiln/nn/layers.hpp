@@ -20,6 +20,7 @@
 
 #include "kiln/backends/cuda/gather.hpp"
 #include "kiln/backends/cuda/matmul.hpp"
+#include "kiln/backends/cuda/rng.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/factories.hpp"
 #include "kiln/core/tensor.hpp"
@@ -42,6 +43,49 @@ struct Init {
 
 /// The activation a Linear applies to its output (the activation table, tables/activations.hpp).
 using kiln::Act;
+
+// ------------------------------------------------------------------ what visit() hands a visitor
+// A module's visit(prefix, f) calls f(name, tensor) for each parameter. Beyond that, a visitor that
+// accepts them also gets f(name, tensor, Buffer{}) for buffers (BatchNorm's running statistics:
+// in the state dict, not parameters) and f(ModeFlag) for each training flag (Dropout, BatchNorm).
+/// Marks a tensor handed to a visitor as a buffer.
+struct Buffer {};
+/// A module's training flag, handed to visitors that set it (nn::train, nn::eval).
+struct ModeFlag {
+    bool* training;
+};
+
+namespace detail {
+template <class F> void visit_buffer(F& f, const std::string& name, Tensor& t) {
+    if constexpr (std::is_invocable_v<F&, const std::string&, Tensor&, Buffer>)
+        f(name, t, Buffer{});
+    else
+        f(name, t);
+}
+template <class F> void visit_mode(F& f, bool& training) {
+    if constexpr (std::is_invocable_v<F&, ModeFlag>) f(ModeFlag{&training});
+}
+/// Sets every training flag of a module.
+struct SetMode {
+    bool on;
+    void operator()(const std::string&, Tensor&) const {}
+    void operator()(ModeFlag m) const { *m.training = on; }
+};
+}  // namespace detail
+
+/// Anything with visit(prefix, visitor).
+template <class M>
+concept Module = requires(M& m, detail::SetMode v) { m.visit(std::string{}, v); };
+
+/// Training mode (torch's module.train()): Dropout drops, BatchNorm2d normalizes with the batch's
+/// statistics and updates its running ones. Modules are built in eval mode (unlike torch, whose
+/// modules start in training mode: kiln's forward passes serve inference first).
+template <Module M> M& train(M& m, bool on = true) {
+    m.visit("", detail::SetMode{on});
+    return m;
+}
+/// Eval mode (torch's module.eval()): Dropout is the identity, BatchNorm2d uses running statistics.
+template <Module M> M& eval(M& m) { return train(m, false); }
 
 namespace detail {
 
@@ -74,7 +118,9 @@ inline Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias =
     if (bias.defined() && (bias.rank() != 1 || bias.size(0) != weight.size(0)))
         kiln::detail::fail<ShapeError>("linear", "bias of shape " + bias.shape().str() + " does not match out_features = " +
                                                      std::to_string(weight.size(0)), loc);
-    const bool traced = x.is_traced() || weight.is_traced() || (bias.defined() && bias.is_traced());
+    const trace::Tracer* tr = trace::Tracer::active();
+    const bool traced = x.is_traced() || weight.is_traced() || (bias.defined() && bias.is_traced()) ||
+                        (tr && (tr->live(x) || tr->live(weight) || tr->live(bias)));
     // an activation without a cuBLASLt epilogue (exact gelu) is a GEMM and one fused kernel
     const bool recorded = autograd::detail::grad_mode() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
     if (!traced && !recorded && act_info(act).gemm_epilogue && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
@@ -136,11 +182,61 @@ struct ReLU {
     template <class F> void visit(const std::string&, F&&) {}
 };
 
-/// Dropout at inference: the identity (kiln runs models forward only; p is kept for the record).
+namespace detail {
+/// Keeps an element when its Philox word, shifted right by 8, reaches this (P(keep) = 1 - p).
+inline std::int64_t dropout_threshold(double p) { return static_cast<std::int64_t>(std::ceil(p * 16777216.0)); }
+
+/// dropout's keep mask (bool, like's shape and device) from the generator: on the CPU element i
+/// takes counter offset + i of the generator (which moves on by the count); on CUDA the generator's
+/// device stream (backends/cuda/rng.hpp) does the same in device memory.
+inline Tensor dropout_keep(const Tensor& like, double p, Generator& gen, const Loc& loc) {
+    Tensor keep(like.shape(), DType::boolean, like.device(), loc);
+    const std::int64_t n = keep.numel(), threshold = dropout_threshold(p);
+    if (n == 0) return keep;
+    if (like.device().is_cuda()) {
+        cuda::detail::dropout_mask(keep, gen, threshold, loc);
+        return keep;
+    }
+    const std::uint64_t seed = gen.seed(), c0 = gen.advance(static_cast<std::uint64_t>(n));
+    bool* k = static_cast<bool*>(keep.data_ptr());
+    kiln::detail::parallel_for(n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i)
+            k[i] = static_cast<std::int64_t>(philox_word(seed, c0 + static_cast<std::uint64_t>(i)) >> 8) >= threshold;
+    });
+    return keep;
+}
+}  // namespace detail
+
+/// torch.nn.functional.dropout: in training, each element is zeroed with probability p and the rest
+/// scaled by 1 / (1 - p); otherwise x itself. The keep mask comes from Philox4x32-10 counters of
+/// `gen` (kiln::philox4x32_10), so the same seed gives the same mask eagerly and under
+/// kiln::compile, on any thread count. Under compile the mask is one library call in the graph,
+/// drawn anew on each call (on CUDA also on each replay of a captured graph), and x * mask * scale
+/// fuses with its neighbours; the gradient is g * mask * scale.
+inline Tensor dropout(const Tensor& x, double p = 0.5, bool training = true, Generator& gen = default_generator(),
+                      Loc loc = Loc::current()) {
+    if (!(p >= 0 && p <= 1)) kiln::detail::fail<ValueError>("dropout", "p must lie in [0, 1], got " + std::to_string(p), loc);
+    if (!is_floating(x.dtype()))
+        kiln::detail::fail<DTypeError>("dropout", "needs a floating tensor, got " + std::string(dtype_name(x.dtype())), loc);
+    if (!training || p == 0) return x;
+    if (p == 1) return Tensor(x * 0.0, loc);
+    auto op = std::make_shared<ir::CallOp>();
+    // the key names the call site within its graph: two masks of one input are different draws
+    trace::Tracer* tr = trace::Tracer::active();
+    op->key = "dropout_mask(p=" + std::to_string(p) + ", gen=" + std::to_string(reinterpret_cast<std::uintptr_t>(&gen)) +
+              ", #" + std::to_string(tr ? tr->graph().size() : 0) + ")";
+    op->shape = [](const std::vector<Shape>& s) { return s[0]; };
+    op->run = [p, &gen, loc](const std::vector<Tensor>& in) { return detail::dropout_keep(in[0], p, gen, loc); };
+    const Tensor keep = trace::call_op(std::move(op), {x.detach()}, DType::boolean, loc);
+    return Tensor(x * keep * (1.0 / (1.0 - p)), loc);
+}
+
+/// torch.nn.Dropout: dropout(x, p) in training mode (nn::train), the identity in eval mode.
 struct Dropout {
     double p = 0.1;
-    Tensor operator()(const Tensor& x) const { return x; }
-    template <class F> void visit(const std::string&, F&&) {}
+    bool training = false;
+    Tensor operator()(const Tensor& x, Loc loc = Loc::current()) const { return dropout(x, p, training, default_generator(), loc); }
+    template <class F> void visit(const std::string&, F&& f) { detail::visit_mode(f, training); }
 };
 
 namespace detail {
@@ -316,6 +412,7 @@ struct BertLayer {
         linear2.visit(prefix + "linear2.", f);
         norm1.visit(prefix + "norm1.", f);
         norm2.visit(prefix + "norm2.", f);
+        dropout.visit(prefix + "dropout.", f);
     }
 };
 

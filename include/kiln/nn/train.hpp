@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/autograd/autograd.hpp"
+#include "kiln/nn/layers.hpp"
 #include "kiln/core/factories.hpp"
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/nn.hpp"
@@ -20,24 +21,57 @@
 namespace kiln::nn {
 
 // ------------------------------------------------------------------ parameters
-/// The module's parameters in its order, as handles that share its tensors and their gradients.
-/// Floating parameters are marked to require grad, as torch's nn.Parameter is.
-template <class M> std::vector<Tensor> parameters(M& m) {
-    std::vector<Tensor> out;
-    m.visit("", [&](const std::string&, Tensor& t) {
+namespace detail {
+/// Hands each parameter (not buffers) of a module to f, marked to require grad.
+template <class F> struct ParameterVisitor {
+    F f;
+    void operator()(const std::string& name, Tensor& t) {
         if (!t.autograd_meta()) t.set_autograd_meta(std::make_shared<autograd::detail::Meta>());  // shared by the copies
         if (is_floating(t.dtype()) && t.is_leaf()) t.requires_grad_();
-        out.push_back(t);
-    });
+        f(name, t);
+    }
+    void operator()(const std::string&, Tensor&, Buffer) {}
+};
+}  // namespace detail
+
+/// The module's parameters in its order (buffers such as BatchNorm's running statistics are not
+/// parameters), as handles that share its tensors and their gradients. Floating parameters are
+/// marked to require grad, as torch's nn.Parameter is.
+template <class M> std::vector<Tensor> parameters(M& m) {
+    std::vector<Tensor> out;
+    auto add = [&](const std::string&, Tensor& t) { out.push_back(t); };
+    m.visit("", detail::ParameterVisitor<decltype(add)&>{add});
     return out;
 }
 /// name -> parameter, as parameters() marks them.
 template <class M> std::map<std::string, Tensor> named_parameters(M& m) {
     std::map<std::string, Tensor> out;
-    std::vector<Tensor> ps = parameters(m);
-    std::size_t i = 0;
-    m.visit("", [&](const std::string& name, Tensor&) { out.emplace(name, ps[i++]); });
+    auto add = [&](const std::string& name, Tensor& t) { out.emplace(name, t); };
+    m.visit("", detail::ParameterVisitor<decltype(add)&>{add});
     return out;
+}
+
+namespace detail {
+/// Rebinds each floating parameter of a module copy to a cast of it (buffers stay as they are).
+struct CastParameters {
+    DType dtype;
+    Loc loc;
+    void operator()(const std::string&, Tensor& t) const {
+        if (is_floating(t.dtype()) && t.dtype() != dtype) t = t.to(dtype, loc);
+    }
+    void operator()(const std::string&, Tensor&, Buffer) const {}
+};
+}  // namespace detail
+
+/// Mixed precision with f32 master weights (what torch.autocast gives a training step): a copy of
+/// module m whose floating parameters are casts of m's to `dtype` (bf16, f16), made while recording,
+/// so the copy computes in `dtype` and the gradients reach m's parameters in their own dtype, where
+/// the optimizer keeps its state. Call it inside the step (each call casts the current weights;
+/// under kiln::compile the casts fuse into the program). Buffers are shared, not cast.
+template <class M> M autocast(const M& m, DType dtype, Loc loc = Loc::current()) {
+    M copy = m;
+    copy.visit("", detail::CastParameters{dtype, loc});
+    return copy;
 }
 
 /// Zeroes every gradient in place (kept allocated, unlike torch's default set_to_none: a compiled

@@ -22,7 +22,8 @@ KILN_DECL Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
     }
     if (storage_) storage_->bump_version();
     if (trace::Tracer* tr = trace::Tracer::active();
-        is_traced() || src.is_traced() || (tr && tr->records_write_into(*this) && src.device() == device())) {
+        is_traced() || src.is_traced() ||
+        (tr && (tr->records_write_into(*this) || tr->live(src)) && src.device() == device())) {
         if (tr == nullptr) detail::fail<Error>("copy_", "a tracing tensor was used outside its traced call", loc);
         tr->write(*this, tr->node_of(src), loc, "copy_");  // recorded, like assign
         return *this;

@@ -208,12 +208,12 @@ inline bool may_alias(const Tensor& out, const Tensor& in) {
     return !(in.offset() == out.offset() && bs == out.strides() && in.dtype() == out.dtype());
 }
 
-/// Whether any tensor of f is a tracing tensor, or memory the active trace wrote into (its value
-/// is then the trace's) / lives on a CUDA device.
+/// Whether any tensor of f is a tracing tensor, or live for the active trace (memory it wrote into,
+/// whose value is then the trace's, or a parameter it may write later: Tracer::live).
 inline bool any_traced(const Flat& f) {
     const trace::Tracer* tr = trace::Tracer::active();
     for (const Flat::Item& it : f.items)
-        if (it.kind == Flat::Kind::tensor && (it.tensor->is_traced() || (tr && tr->wrote(*it.tensor)))) return true;
+        if (it.kind == Flat::Kind::tensor && (it.tensor->is_traced() || (tr && tr->live(*it.tensor)))) return true;
     return false;
 }
 inline bool on_cuda(const Flat& f) {

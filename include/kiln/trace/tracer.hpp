@@ -146,6 +146,16 @@ public:
     /// Whether the trace wrote into t's memory (a concrete tensor): reading it must be recorded too.
     bool wrote(const Tensor& t) const { return !t.is_traced() && written_storage(t) != nullptr; }
 
+    /// Whether work on concrete tensor t must be recorded rather than done now: the trace wrote into
+    /// its memory, or it is a tensor from outside the trace that requires grad (a parameter: a
+    /// training step writes it later in the same trace, so a value computed from it now would be
+    /// stale on the next call).
+    bool live(const Tensor& t) const {
+        if (!t.defined() || t.is_traced()) return false;
+        if (written_storage(t) != nullptr) return true;
+        return t.requires_grad() && t.storage() && t.storage()->serial() < first_storage_;
+    }
+
     /// Treats concrete memory made during the trace as memory from outside it: the program reads it
     /// and writes it back on every call, as a captured tensor (state that must outlive the call,
     /// made on its first use: a gradient buffer, an optimizer's moments).
@@ -359,14 +369,14 @@ inline Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_s
 }
 
 /// Runs a library op (ir::CallOp) on its operands: as one Kind::call node when an operand is a
-/// tracing tensor (the op then runs inside the compiled program, with the operands it has there),
-/// otherwise at once.
+/// tracing tensor or memory the trace wrote into (the op then runs inside the compiled program,
+/// with the operands it has there), otherwise at once.
 inline Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Tensor>& operands, DType out_dtype,
                       const std::source_location& loc) {
-    bool traced = false;
-    for (const Tensor& t : operands) traced = traced || t.is_traced();
-    if (!traced) return op->run(operands);
     Tracer* tr = Tracer::active();
+    bool traced = false;  // a tracing tensor, or memory the trace wrote into (its value is the trace's)
+    for (const Tensor& t : operands) traced = traced || t.is_traced() || (tr && tr->live(t));
+    if (!traced) return op->run(operands);
     if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
     ir::Node n;
     n.kind = ir::Kind::call;

@@ -6,6 +6,9 @@
 //   im2col_kernel       conv2d's patch matrix (channels-last input), any element size
 //   max_pool_kernel     max_pool2d, one thread per output, NaN wins, padding never does
 //   gather_rows_kernel  embedding lookups: rows of a table by int64 id
+//   col2im_kernel       the gradient of im2col: each input element sums the columns that read it
+//   dropout_mask_kernel dropout's keep mask from Philox4x32-10, counters read from a device offset
+//   rng_advance_kernel  moves that device offset on (a second launch, so every block read it first)
 #pragma once
 
 #include <cstddef>
@@ -115,6 +118,76 @@ inline KernelText gather_rows_kernel(std::size_t element_size) {
     return k;
 }
 
+/// col2im: x (N, H, W, C; contiguous) gets, per element, the sum of the (N*OH*OW, KH*KW*C) column
+/// entries that im2col copied from it (padding reads are dropped). One thread per element, no
+/// atomics: results do not depend on the launch. dtype f32 or f64 (others go through f32).
+inline KernelText col2im_kernel(DType dtype, bool i64) {
+    const char* T = dtype == DType::f64 ? "double" : "float";
+    const char* I = i64 ? "long long" : "int";
+    KernelText k;
+    k.name = "kiln_col2im_" + std::string(dtype_name(dtype == DType::f64 ? DType::f64 : DType::f32)) + (i64 ? "_i64" : "_i32");
+    k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
+               "(const T* __restrict__ cols, T* __restrict__ x, long long total_, long long C_, long long H_, long long W_, "
+               "long long OH_, long long OW_, long long KH_, long long KW_, long long SH_, long long SW_, long long PH_, long long PW_, "
+               "long long DH_, long long DW_) {\n"
+               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_;\n"
+               "  const I SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_, DH = (I)DH_, DW = (I)DW_, K = KH * KW * C;\n"
+               "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
+               "    const I c = i % C, r = i / C, w = r % W, r2 = r / W, h = r2 % H, n = r2 / H;\n"
+               "    T acc = 0;\n"
+               "    for (I a = 0; a < KH; ++a) {\n"
+               "      const I t = h + PH - a * DH;\n"
+               "      if (t < 0 || t % SH != 0 || t / SH >= OH) continue;\n"
+               "      for (I b = 0; b < KW; ++b) {\n"
+               "        const I u = w + PW - b * DW;\n"
+               "        if (u < 0 || u % SW != 0 || u / SW >= OW) continue;\n"
+               "        acc += cols[((n * OH + t / SH) * OW + u / SW) * K + (a * KW + b) * C + c];\n"
+               "      }\n"
+               "    }\n"
+               "    x[i] = acc;\n"
+               "  }\n}\n";
+    return k;
+}
+
+/// The Philox4x32-10 rounds as CUDA text (the same rounds as kiln::philox4x32_10): word 0 of the
+/// block for a 64-bit counter and key.
+inline std::string philox_source() {
+    return "__device__ __forceinline__ unsigned kiln_philox_word(unsigned long long key, unsigned long long ctr) {\n"
+           "  unsigned c0 = (unsigned)ctr, c1 = (unsigned)(ctr >> 32), c2 = 0, c3 = 0;\n"
+           "  unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32);\n"
+           "  #pragma unroll\n"
+           "  for (int r = 0; r < 10; ++r) {\n"
+           "    if (r > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }\n"
+           "    const unsigned lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);\n"
+           "    const unsigned lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);\n"
+           "    c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;\n"
+           "  }\n"
+           "  return c0;\n"
+           "}\n";
+}
+
+/// dropout's keep mask: keep[i] = (philox(state[0], state[1] + i) >> 8) >= threshold, as bytes
+/// (bool). Seed and offset live on the device so a replayed CUDA graph draws new numbers each time.
+inline KernelText dropout_mask_kernel() {
+    KernelText k;
+    k.name = "kiln_dropout_mask";
+    k.source = philox_source() + "extern \"C\" __global__ void " + k.name +
+               "(unsigned char* __restrict__ keep, long long n, const unsigned long long* __restrict__ state, long long threshold) {\n"
+               "  const unsigned long long seed = state[0], base = state[1];\n"
+               "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)\n"
+               "    keep[i] = (long long)(kiln_philox_word(seed, base + (unsigned long long)i) >> 8) >= threshold;\n"
+               "}\n";
+    return k;
+}
+
+/// offset[0] += n (after the draws that read it).
+inline KernelText rng_advance_kernel() {
+    KernelText k;
+    k.name = "kiln_rng_advance";
+    k.source = "extern \"C\" __global__ void kiln_rng_advance(unsigned long long* offset, long long n) { offset[0] += (unsigned long long)n; }\n";
+    return k;
+}
+
 /// Every variant of every registered kernel (for the NVRTC compile test).
 inline std::vector<KernelText> library_kernel_sources() {
     std::vector<KernelText> out;
@@ -124,6 +197,10 @@ inline std::vector<KernelText> library_kernel_sources() {
     }
     for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64})
         for (bool i64 : {false, true}) out.push_back(max_pool_kernel(d, i64));
+    for (DType d : {DType::f32, DType::f64})
+        for (bool i64 : {false, true}) out.push_back(col2im_kernel(d, i64));
+    out.push_back(dropout_mask_kernel());
+    out.push_back(rng_advance_kernel());
     return out;
 }
 
