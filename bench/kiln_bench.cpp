@@ -819,6 +819,11 @@ void train_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
         b.last_row().first_call_us = first_us;  // the row's first call is the model's first step, compile included
         std::printf("  %s %s: first step (trace, compile, run) %.1f ms; %d kernels per step; peak device memory %.1f MiB\n", name.c_str(),
                     method, first_us / 1e3, c ? c->kernels() : 0, b.last_row().peak_mib);
+        if (std::string(method) == "reduce_overhead") {
+            const kiln::cuda::GraphStats gs = kiln::cuda::graph_stats();
+            std::printf("  %s reduce_overhead: CUDA graphs so far in this process: %zu captured, %zu replays, %zu calls without a graph\n",
+                        name.c_str(), gs.captures, gs.replays, gs.fallbacks);
+        }
     }
     if (tf32) kiln::cuda::set_allow_tf32(false);
 }

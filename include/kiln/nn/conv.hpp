@@ -248,10 +248,70 @@ inline Tensor im2col_nhwc(const Tensor& x, const Window& win, std::uint64_t pad_
         "im2col", {&x}, forward, [xs = x.shape(), win, loc](const Tensor& g) { return std::vector<Tensor>{col2im(g, xs, win, loc)}; }, loc);
 }
 
-/// conv2d while recording for backward: im2col (whose gradient is col2im) and one GEMM through
-/// nn::linear (whose gradients are GEMMs), so every operand's gradient comes from recorded ops.
+inline Tensor conv2d_nhwc(const Tensor& x, const Tensor& weight, const Tensor& bias, Window win, Act act, const Loc& loc,
+                          const Tensor& residual);
+
+/// conv2d's input gradient (N, H, W, C) from g (N, OH, OW, OC) and the weight (OC, C, KH, KW), as a
+/// library op: cuDNN's backward data on CUDA where it runs, else g @ w as columns and col2im.
+inline Tensor conv2d_input_grad(const Tensor& g, const Tensor& w, const Shape& xs, const Window& win, const Loc& loc) {
+    auto op = std::make_shared<ir::CallOp>();
+    op->key = "conv2d_input_grad(" + win.str() + ", " + xs.str() + ")";
+    op->shape = [xs](const std::vector<Shape>& s) { return Shape{s[0][0], xs[1], xs[2], xs[3]}; };
+    op->run = [xs, win, loc](const std::vector<Tensor>& in) {
+        const Tensor gc = in[0].contiguous(), wl = in[1].permute({0, 2, 3, 1}).contiguous();
+        const Shape x{gc.size(0), xs[1], xs[2], xs[3]};
+        if (gc.device().is_cuda()) {
+            Tensor dx(x, gc.dtype(), gc.device(), loc);
+            const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
+            if (cuda::cudnn::conv2d_backward(cuda::cudnn::ConvPass::backward_data, dx, wl, gc, cp, dx)) return dx;
+        }
+        const std::int64_t oc = wl.size(0);
+        return col2im_now(kiln::matmul(gc.view({-1, oc}), wl.view({oc, -1}), loc), x, win, loc);
+    };
+    return trace::call_op(std::move(op), {g, w}, g.dtype(), loc);
+}
+
+/// conv2d's weight gradient as (OC, KH, KW, C) from x (N, H, W, C; any strides) and g (N, OH, OW,
+/// OC), as a library op: cuDNN's backward filter on CUDA where it runs, else g^T @ im2col(x).
+inline Tensor conv2d_weight_grad(const Tensor& x, const Tensor& g, const Shape& ws, const Window& win, const Loc& loc) {
+    auto op = std::make_shared<ir::CallOp>();
+    op->key = "conv2d_weight_grad(" + win.str() + ", " + ws.str() + ")";
+    const Shape wl{ws[0], ws[2], ws[3], ws[1]};
+    op->shape = [wl](const std::vector<Shape>&) { return wl; };
+    op->run = [wl, win, loc](const std::vector<Tensor>& in) {
+        const Tensor xc = channels_last(in[0].permute({0, 3, 1, 2}));  // NCHW view of channels-last memory
+        const Tensor gc = in[1].contiguous();
+        if (gc.device().is_cuda()) {
+            Tensor dw(wl, gc.dtype(), gc.device(), loc);
+            const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
+            if (cuda::cudnn::conv2d_backward(cuda::cudnn::ConvPass::backward_filter, xc.permute({0, 2, 3, 1}), dw, gc, cp, dw)) return dw;
+        }
+        return kiln::matmul(gc.view({-1, wl[0]}).t(), im2col(xc, win, 0), loc).view(wl);
+    };
+    return trace::call_op(std::move(op), {x, g}, g.dtype(), loc);
+}
+
+/// conv2d while recording for backward. On CUDA with cuDNN: the convolution is one library op
+/// (cuDNN forward) whose gradients are cuDNN's backward data and backward filter; bias, residual
+/// and relu follow as recorded elementwise ops. Otherwise im2col (whose gradient is col2im) and one
+/// GEMM through nn::linear (whose gradients are GEMMs). Either way every operand's gradient comes
+/// from recorded ops.
 inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tensor& bias, const Window& win, Act act,
                               const Tensor& residual, const Shape& out, const Loc& loc) {
+    if (x.device().is_cuda() && cuda::cudnn::available() && x.dtype() != DType::f64 && weight.dtype() == x.dtype()) {
+        const Tensor c = autograd::detail::library(
+            "conv2d", {&x, &weight}, [&] { return conv2d_nhwc(x, weight, Tensor{}, win, Act::none, loc, Tensor{}); },
+            [xd = x.detach(), wd = weight.detach(), win, loc](const Tensor& g) {
+                return std::vector<Tensor>{conv2d_input_grad(g, wd, xd.shape(), win, loc),
+                                           conv2d_weight_grad(xd, g, wd.shape(), win, loc).permute({0, 3, 1, 2}, loc)};
+            },
+            loc);
+        const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;
+        if (b.defined() && residual.defined()) return apply_act(act, c + b + residual, loc);
+        if (b.defined()) return apply_act(act, c + b, loc);
+        if (residual.defined()) return apply_act(act, c + residual, loc);
+        return apply_act(act, c, loc);
+    }
     const Tensor cols = im2col_nhwc(x, win, 0, loc);
     const Tensor w2 = weight.permute({0, 2, 3, 1}, loc).reshape({weight.size(0), -1}, loc);
     const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;

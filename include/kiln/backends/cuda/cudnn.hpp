@@ -49,7 +49,8 @@ constexpr int act_relu = 1, act_identity = 5;
 constexpr int nan_propagate = 1;
 constexpr int algo_implicit_precomp_gemm = 1;
 
-/// cudnnConvolutionFwdAlgoPerf_t.
+/// cudnnConvolutionFwdAlgoPerf_t (the backward-data and backward-filter perf structs have the
+/// same layout).
 struct AlgoPerf {
     int algo;
     Status status;
@@ -88,6 +89,20 @@ struct AlgoPerf {
     X(conv_bias_act_forward, "cudnnConvolutionBiasActivationForward",                                                 \
       Status(Handle, const void*, TensorDesc, const void*, FilterDesc, const void*, ConvDesc, int, void*, std::size_t, \
              const void*, TensorDesc, const void*, TensorDesc, const void*, ActDesc, TensorDesc, void*))                \
+    X(get_bwd_data_algos, "cudnnGetConvolutionBackwardDataAlgorithm_v7",                                             \
+      Status(Handle, FilterDesc, TensorDesc, ConvDesc, TensorDesc, int, int*, AlgoPerf*))                             \
+    X(bwd_data_workspace, "cudnnGetConvolutionBackwardDataWorkspaceSize",                                             \
+      Status(Handle, FilterDesc, TensorDesc, ConvDesc, TensorDesc, int, std::size_t*))                                \
+    X(conv_bwd_data, "cudnnConvolutionBackwardData",                                                                  \
+      Status(Handle, const void*, FilterDesc, const void*, TensorDesc, const void*, ConvDesc, int, void*, std::size_t, \
+             const void*, TensorDesc, void*))                                                                         \
+    X(get_bwd_filter_algos, "cudnnGetConvolutionBackwardFilterAlgorithm_v7",                                         \
+      Status(Handle, TensorDesc, TensorDesc, ConvDesc, FilterDesc, int, int*, AlgoPerf*))                             \
+    X(bwd_filter_workspace, "cudnnGetConvolutionBackwardFilterWorkspaceSize",                                         \
+      Status(Handle, TensorDesc, TensorDesc, ConvDesc, FilterDesc, int, std::size_t*))                                \
+    X(conv_bwd_filter, "cudnnConvolutionBackwardFilter",                                                              \
+      Status(Handle, const void*, TensorDesc, const void*, TensorDesc, const void*, ConvDesc, int, void*, std::size_t, \
+             const void*, FilterDesc, void*))                                                                         \
     X(backend_create, "cudnnBackendCreateDescriptor", Status(int, BackendDesc*))                                      \
     X(backend_destroy, "cudnnBackendDestroyDescriptor", Status(BackendDesc))                                          \
     X(backend_finalize, "cudnnBackendFinalize", Status(BackendDesc))                                                  \
@@ -224,8 +239,9 @@ struct ConvKey {
     bool bias_act;  ///< the fused call (bias, activation, residual) rather than cudnnConvolutionForward
     int act;
     bool z;
+    int pass = 0;  ///< 0 forward, 1 backward data, 2 backward filter (ConvPass)
     auto tie() const {
-        return std::tie(device, dtype, math, n, c, h, w, oc, kh, kw, p.ph, p.pw, p.sh, p.sw, p.dh, p.dw, bias_act, act, z);
+        return std::tie(device, dtype, math, n, c, h, w, oc, kh, kw, p.ph, p.pw, p.sh, p.sw, p.dh, p.dw, bias_act, act, z, pass);
     }
     bool operator<(const ConvKey& o) const { return tie() < o.tie(); }
 };
@@ -608,6 +624,86 @@ inline bool conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
     }
     plan->unsupported = true;
     debug::log("cudnn", "conv falls back to im2col: " + why);
+    return false;
+}
+
+/// Which gradient of a convolution conv2d_backward computes.
+enum class ConvPass : int { backward_data = 1, backward_filter = 2 };
+
+/// A convolution's gradient on cuDNN, all tensors channels-last, contiguous, one floating dtype
+/// (not f64) on one device: backward_data writes dx (N, H, W, C) from dy (N, OH, OW, OC) and w
+/// (OC, KH, KW, C), reading `x` only for its shape (it is dx); backward_filter writes dw (OC, KH, KW,
+/// C) from x and dy, reading `w` only for its shape (it is dw). The first call of a configuration
+/// tries cuDNN's candidates in its order (outside a graph capture). Returns false, having written
+/// nothing, when cuDNN is missing or runs none (the caller falls back to GEMMs and col2im).
+inline bool conv2d_backward(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& dy, const ConvParams& cp, Tensor& out) {
+    using namespace detail;
+    if (!available()) return false;
+    const int dt = data_type(dy.dtype());
+    if (dt < 0 || dt == data_double) return false;
+    const std::int64_t limit = std::int64_t{1} << 31;
+    if (x.numel() >= limit || dy.numel() >= limit || w.numel() >= limit) return false;
+    const Lib& l = lib();
+    ConvKey k = make_key(x, w, false, false, false, cp);
+    k.pass = static_cast<int>(pass);
+    DeviceState& s = device_state(k.device);
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.handle) check(l.create(&s.handle), "cudnnCreate");
+    check(l.set_stream(s.handle, current_stream(k.device)), "cudnnSetStream");
+    const bool data = pass == ConvPass::backward_data;
+    auto& plan = s.plans[k];
+    if (!plan) {
+        plan = std::make_unique<Plan>();
+        std::string why;
+        if (!make_descriptors(k, dy.size(1), dy.size(2), *plan, why)) {
+            plan->unsupported = true;
+            debug::log("cudnn", std::string(data ? "backward data" : "backward filter") + " falls back to GEMMs: " + why);
+        } else {
+            int count = 0;
+            plan->candidates.resize(8);
+            const Status st = data ? l.get_bwd_data_algos(s.handle, plan->w, plan->y, plan->conv, plan->x, 8, &count, plan->candidates.data())
+                                   : l.get_bwd_filter_algos(s.handle, plan->x, plan->y, plan->conv, plan->w, 8, &count, plan->candidates.data());
+            plan->candidates.resize(st == status_success ? static_cast<std::size_t>(count) : 0);
+            std::erase_if(plan->candidates, [](const AlgoPerf& a) { return a.status != status_success; });
+        }
+    }
+    if (plan->unsupported) return false;
+    const float one_f = 1.0f, zero_f = 0.0f;
+    auto run = [&](int algo, std::size_t ws_bytes) {
+        const Tensor ws = workspace(static_cast<std::int64_t>(ws_bytes), dy.device());
+        void* wp = ws.defined() ? ws.data_ptr() : nullptr;
+        if (data)
+            return l.conv_bwd_data(s.handle, &one_f, plan->w, w.data_ptr(), plan->y, dy.data_ptr(), plan->conv, algo, wp, ws_bytes, &zero_f,
+                                   plan->x, out.data_ptr());
+        return l.conv_bwd_filter(s.handle, &one_f, plan->x, x.data_ptr(), plan->y, dy.data_ptr(), plan->conv, algo, wp, ws_bytes, &zero_f,
+                                 plan->w, out.data_ptr());
+    };
+    if (plan->algo >= 0) {
+        check(run(plan->algo, plan->workspace), data ? "the convolution's backward data" : "the convolution's backward filter");
+        ++conv_call_count();
+        return true;
+    }
+    if (capturing(current_stream(k.device))) return false;  // trying candidates cannot be captured
+    std::string why = "no algorithm";
+    for (const AlgoPerf& a : plan->candidates) {
+        std::size_t ws_bytes = 0;
+        Status st = data ? l.bwd_data_workspace(s.handle, plan->w, plan->y, plan->conv, plan->x, a.algo, &ws_bytes)
+                         : l.bwd_filter_workspace(s.handle, plan->x, plan->y, plan->conv, plan->w, a.algo, &ws_bytes);
+        if (st == status_success) st = run(a.algo, ws_bytes);
+        if (st == status_success) {
+            plan->algo = a.algo;
+            plan->workspace = ws_bytes;
+            ++conv_call_count();
+            debug::log("cudnn", std::string(data ? "backward data" : "backward filter") + " N=" + std::to_string(k.n) + " C=" +
+                                    std::to_string(k.c) + " H=" + std::to_string(k.h) + " W=" + std::to_string(k.w) + " OC=" +
+                                    std::to_string(k.oc) + " k=" + std::to_string(k.kh) + "x" + std::to_string(k.kw) + ": algo " +
+                                    std::to_string(a.algo) + ", workspace " + std::to_string(ws_bytes) + " B");
+            return true;
+        }
+        why = text(st);
+    }
+    plan->unsupported = true;
+    debug::log("cudnn", std::string(data ? "backward data" : "backward filter") + " falls back to GEMMs: " + why);
     return false;
 }
 

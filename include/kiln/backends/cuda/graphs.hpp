@@ -68,8 +68,11 @@ public:
         for (auto& inst : s.instances)
             if (inst->can_replay(in)) return replay(*inst, in);
         if (static_cast<int>(s.instances.size()) >= max_) {
-            debug::log("cudagraphs", "all " + std::to_string(max_) +
-                                         " graph instances still have outputs held by the caller; running without a graph");
+            if (debug::log_on("cudagraphs")) {
+                std::string why;
+                for (std::size_t i = 0; i < s.instances.size(); ++i) why += "; instance " + std::to_string(i) + ": " + s.instances[i]->why_not(in);
+                debug::log("cudagraphs", "no graph instance can replay this call, running without a graph" + why);
+            }
             return fallback(in);
         }
         // inputs at the address of the previous call are bound in place, the others copied
@@ -89,13 +92,25 @@ private:
         std::vector<Tensor> staged;      // per input: the instance's copy buffer, or undefined
         std::vector<Tensor> outputs;     // what the graph writes
         std::vector<long> baseline;      // use counts of the outputs' storage with no caller holding them
+        std::vector<char> external;      // per output: memory from before the capture (a parameter the program
+                                         // writes in place): the caller holding it is the point, not a conflict
 
         bool can_replay(const std::vector<Tensor>& in) const {
             for (std::size_t k = 0; k < in.size(); ++k)
                 if (bound[k].defined() && !same_place(in[k], bound[k])) return false;
             for (std::size_t k = 0; k < outputs.size(); ++k)
-                if (outputs[k].storage().use_count() > baseline[k]) return false;  // the caller holds an output
+                if (!external[k] && outputs[k].storage().use_count() > baseline[k]) return false;  // the caller holds an output
             return true;
+        }
+        /// Why can_replay is false (for the cudagraphs log).
+        std::string why_not(const std::vector<Tensor>& in) const {
+            for (std::size_t k = 0; k < in.size(); ++k)
+                if (bound[k].defined() && !same_place(in[k], bound[k])) return "input " + std::to_string(k) + " moved";
+            for (std::size_t k = 0; k < outputs.size(); ++k)
+                if (!external[k] && outputs[k].storage().use_count() > baseline[k])
+                    return "output " + std::to_string(k) + " " + outputs[k].shape().str() + " is held (" +
+                           std::to_string(outputs[k].storage().use_count()) + " uses, " + std::to_string(baseline[k]) + " at capture)";
+            return "free";
         }
         ~Instance() {
             if (!driver_state().ok()) return;
@@ -145,6 +160,7 @@ private:
         inst->stream = std::make_unique<Stream>(device_);
         device_allocator_at(device_).reserve_stream(inst->stream->handle(), true);
         std::vector<Tensor> args(in.size());
+        const std::uint64_t first_serial = kiln::detail::Storage::next_serial();  // storages made from here on are the capture's
         inst->bound.resize(in.size());
         inst->staged.resize(in.size());
         {
@@ -172,7 +188,10 @@ private:
             check(driver().graph_instantiate(&inst->exec, inst->graph, 0), "cuGraphInstantiate");
         }
         args.clear();
-        for (const Tensor& o : inst->outputs) inst->baseline.push_back(o.storage().use_count());
+        for (const Tensor& o : inst->outputs) {
+            inst->baseline.push_back(o.storage().use_count());
+            inst->external.push_back(o.storage() && o.storage()->serial() < first_serial);
+        }
         {
             std::lock_guard l(graph_stats_mutex());
             ++graph_stats_ref().captures;
