@@ -97,13 +97,16 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                 add(cuda::detail::row_kernel(g, G, G.outputs, sig));
             }
         } else if (G.kind == fuse::Group::Kind::reduce) {
-            for (int variant = 0; variant < 3; ++variant) {
+            for (int variant = 0; variant < 5; ++variant) {
+                const bool is_reduce = g[G.outputs[0]].kind == ir::Kind::reduce;
+                if (variant >= 3 && !is_reduce) continue;  // the column layout (variants 3, 4) is for reductions only
                 cuda::detail::ReduceSignature sig;
-                sig.outer_rank = variant == 2 ? 0 : 1;
+                sig.outer_rank = variant == 2 ? 0 : variant == 3 ? 2 : 1;
                 sig.inner_rank = variant == 2 ? 2 : 1;
-                sig.idx64 = variant == 1;
+                sig.idx64 = variant == 1 || variant == 4;
                 sig.lanes = variant == 1 ? 8 : 0;  // short rows: 8 lanes per row, 32 rows per block
-                sig.partial = variant == 2 && g[G.outputs[0]].kind == ir::Kind::reduce;
+                sig.partial = (variant == 2 || variant == 3) && is_reduce;
+                sig.columns = variant >= 3;
                 for (std::size_t k = 0; k < nl; ++k) {
                     sig.inner_access.push_back(variant == 0 ? Access::contig : Access::strided);
                     sig.dtypes.push_back(g[G.leaves[k]].dtype);

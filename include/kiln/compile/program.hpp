@@ -391,7 +391,9 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
             return all;
         };
     }
-    fuse::Plan plan = fuse::plan(g, opt.limits);
+    fuse::Limits lim = opt.limits;
+    be->adjust_limits(lim);
+    fuse::Plan plan = fuse::plan(g, lim);
     be->adjust_plan(g, plan);
     kernels = plan.kernels();
     if (debug::log_on("fusion")) {
@@ -410,7 +412,6 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
     // sizes); the device decides what else it shares (CUDA: the kernels, when the plan groups
     // the same way; the CPU: nothing, its memory plan follows the shapes)
     auto shaped = std::make_shared<ShapeInstances<fuse::GraphProgram>>();
-    const fuse::Limits lim = opt.limits;
     return [prog, shaped, lim, be](const std::vector<Tensor>& in) {
         const auto inst = shaped->get(in, [&] {
             ShapedPlan s = shaped_plan(prog->graph(), in, lim, *be);

@@ -125,8 +125,10 @@ inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const M
             const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
             std::string nodes;
             for (int j : G.nodes) nodes += " %" + std::to_string(j);
-            debug::log("profile", s.name() + " " + group_kind_name(G.kind) + " group " + std::to_string(k) + " {" + nodes +
-                                      " }: " + std::to_string(us) + " us");
+            const ir::Node& last = g[G.outputs[0]];
+            const std::string what = G.kind == Group::Kind::call ? " " + last.call->key : " -> " + last.shape.str();
+            debug::log("profile", s.name() + " " + group_kind_name(G.kind) + " group " + std::to_string(k) + " {" + nodes + " }" + what +
+                                      ": " + std::to_string(us) + " us");
         }
     }
     s.flush();
@@ -172,6 +174,8 @@ public:
     /// Changes the device makes to a plan before its program is built (CUDA: matmul groups take
     /// their bias and activation as a GEMM epilogue).
     virtual void adjust_plan(const ir::Graph&, Plan&) const {}
+    /// Changes the device makes to the fuser's limits (CUDA: no row groups for column reductions).
+    virtual void adjust_limits(Limits&) const {}
     /// The executable for Mode::reduce_overhead (CUDA: replayed as a CUDA graph); e itself where
     /// the device has no such mode.
     virtual Executable replayed(Executable e) const { return e; }

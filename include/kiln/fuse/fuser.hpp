@@ -57,6 +57,11 @@ struct Limits {
     std::int64_t max_row = 1 << 16;    ///< longest row (reduced elements) a row group holds
     std::int64_t long_row = 4096;      ///< rows longer than this make a row group only when there are
     std::int64_t min_rows = 64;        ///< at least min_rows of them (else the reduce kernels split them)
+    /// Row groups also for reductions that keep the innermost dim (a column sum: BatchNorm's
+    /// statistics over (N, H, W), a bias gradient). CUDA turns it off: its row kernels walk a row
+    /// with neighbouring threads, which for those rows reads memory a row-stride apart; the reduce
+    /// kernels give such reductions neighbouring rows to neighbouring lanes instead.
+    bool column_rows = true;
 };
 
 struct Plan {
@@ -265,8 +270,9 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             // a row group reduces each row in one block (one thread on the CPU): a few long rows
             // (a loss summed to a scalar) go to the reduce kernels instead, which split a row
             const std::int64_t len = detail::row_length(S, n.mask), rows_n = len > 0 ? S.numel() / len : 0;
+            const bool inner_reduced = S.rank() == 0 || (n.mask & (1u << (S.rank() - 1))) != 0 || S[S.rank() - 1] == 1;
             const bool short_rows = S.numel() > 0 && len <= lim.max_row && (len <= lim.long_row || rows_n >= lim.min_rows) &&
-                                    compute_dtype(n.dtype) == compute_dtype(g[x].dtype);
+                                    compute_dtype(n.dtype) == compute_dtype(g[x].dtype) && (lim.column_rows || inner_reduced);
             const int xg = row_of[sz(x)];
             if (short_rows && xg >= 0 && !closed[sz(xg)] && member_ok(i, rows[sz(xg)]) &&
                 static_cast<int>(rows[sz(xg)].nodes.size()) < lim.max_nodes) {

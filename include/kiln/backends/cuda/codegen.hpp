@@ -702,9 +702,14 @@ struct ReduceSignature {
     /// 0: a block of 256 threads per row (or per chunk); else `lanes` (1, 2, ..., 32) threads per
     /// row and 256 / lanes rows per block, reduced by warp shuffles alone (short rows; no chunks)
     int lanes = 0;
+    /// Column layout (rows next to each other in memory, a row's elements far apart: a sum over
+    /// (N, H, W) of channels-last values): the 32 lanes of a warp take 32 neighbouring rows and
+    /// the 8 warps of a block split the block's chunk of the row, so each load is one coalesced
+    /// line; the warps' sums meet in shared memory. Not for arg-reductions.
+    bool columns = false;
     std::string key() const {
         std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (partial ? "p" : "f") +
-                        "g" + std::to_string(lanes) + ":";
+                        "g" + std::to_string(lanes) + (columns ? "c" : "") + ":";
         for (std::size_t i = 0; i < inner_access.size(); ++i) k += access_code(inner_access[i]) + std::to_string(static_cast<int>(dtypes[i]));
         return k;
     }
@@ -728,7 +733,15 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     s += ") {\n  typedef " + idx + " idx_t;\n";
     const int GL = sig.lanes;
     const std::string gs = std::to_string(GL);
-    if (GL == 0) {
+    if (sig.columns) {
+        s += "  __shared__ double csm_[256];\n  const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;\n";
+        s += "  const idx_t groups_ = ((idx_t)rows + 31) / 32;\n";
+        s += "  for (idx_t blk = blockIdx.x; blk < groups_ * (idx_t)chunks; blk += gridDim.x) {\n";
+        s += "    const idx_t rg_ = blk / (idx_t)chunks, ch = blk % (idx_t)chunks;\n";
+        s += "    const idx_t rr_ = rg_ * 32 + lane_;\n    const bool live_ = rr_ < (idx_t)rows;\n    const idx_t r = live_ ? rr_ : (idx_t)rows - 1;\n";
+        s += "    const idx_t per_ = ((idx_t)L + (idx_t)chunks - 1) / (idx_t)chunks;\n";
+        s += "    const idx_t beg_ = ch * per_, end_ = beg_ + per_ < (idx_t)L ? beg_ + per_ : (idx_t)L;\n";
+    } else if (GL == 0) {
         s += "  __shared__ double smem_[32];\n  __shared__ long long smi_[32];\n";
         s += "  for (idx_t blk = blockIdx.x; blk < (idx_t)(rows * chunks); blk += gridDim.x) {\n";
         s += "    const idx_t r = blk / (idx_t)chunks, ch = blk % (idx_t)chunks;\n";
@@ -745,7 +758,8 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     s += row_bases(nl, Ro);
     s += "    " + at + " acc = " + (arg ? literal(0, acc) : identity_text(rn.rkind, acc)) + ";\n";
     if (arg) s += "    long long at_ = -1;\n";
-    if (GL == 0) s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
+    if (sig.columns) s += "    for (idx_t col = beg_ + warp_; col < end_; col += 8) {\n";
+    else if (GL == 0) s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
     else s += "    for (idx_t col = beg_ + lane_; col < end_; col += " + gs + ") {\n";
     std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
     for (std::size_t k = 0; k < nl; ++k) {
@@ -791,6 +805,20 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         s += "        const bool take = bi >= 0 && (at_ < 0 || (a == a && (b != b || " + better + ")) || ((a == b || (a != a && b != b)) && bi < at_));\n";
         s += "        if (take) { acc = b; at_ = bi; }\n      }\n";
         s += "      out[r] = at_;\n    }\n";
+    } else if (!arg && sig.columns) {
+        // the 8 warps' sums of each row meet in shared memory; warp 0 combines and stores them
+        s += "    ((" + at + "*)csm_)[threadIdx.x] = acc;\n    __syncthreads();\n";
+        s += "    if (warp_ == 0) {\n      for (int w = 1; w < 8; ++w) acc = " + combine_text(rn.rkind, "acc", "((" + at + "*)csm_)[w * 32 + lane_]") + ";\n";
+        if (sig.partial) {
+            s += "      if (live_) out[r * (idx_t)chunks + ch] = acc;\n";
+        } else {
+            std::string val = "acc";
+            if (rn.rkind == ir::ReduceKind::mean)
+                val = "(acc / (" + at + ")kiln_max(0.0, (double)L - " + literal(rn.correction, DType::f64) + "))";
+            s += "      if (live_) out[r] = " + store_conv(rn.dtype, val) + ";\n";
+        }
+        s += "    }\n    __syncthreads();\n  }\n}\n";
+        return finish_kernel("red", s);
     } else if (!arg) {
         const std::string comb = "[](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(rn.rkind, "a", "b") + "); }";
         if (GL == 0) s += "    acc = kiln_block_reduce(acc, " + comb + ", (" + at + "*)smem_, " + identity_text(rn.rkind, acc) + ");\n";

@@ -54,7 +54,9 @@ KILN_DECL Tensor run_statement(StatementCache& cache, const std::vector<Tensor>&
             copy.in = {res};
             opt.outputs[0] = opt.add(std::move(copy));
         }
-        fuse::Plan plan = fuse::plan(opt);
+        fuse::Limits lim;
+        lim.column_rows = false;  // as CudaBackend::adjust_limits
+        fuse::Plan plan = fuse::plan(opt, lim);
         auto made = std::make_shared<CudaGraphProgram>(std::move(opt), std::move(plan), device);
         std::unique_lock lock(cache.mu);
         prog = cache.programs.emplace(full, std::move(made)).first->second;

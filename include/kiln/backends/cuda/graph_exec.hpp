@@ -651,11 +651,26 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
     }
     sig.idx64 = !small || lay.rows * lay.L >= (std::int64_t{1} << 30);
     const int sms = properties(device).sm_count;
+    // column layout: every operand's rows sit next to each other (innermost kept stride 1, or 0
+    // for a broadcast one) while a row's elements do not; neighbouring lanes then take
+    // neighbouring rows (ReduceSignature::columns)
+    bool cols = !arg && !lay.outer.empty() && lay.outer.back() > 1;
+    bool unit = false;
+    for (std::size_t k = 0; cols && k < strides.size(); ++k) {
+        const std::int64_t so = lay.so[k].empty() ? 0 : lay.so[k].back();
+        cols = so == 0 || so == 1;
+        unit = unit || (so == 1 && sig.inner_access[k] != Access::contig);
+    }
+    sig.columns = cols && unit;
     std::int64_t chunks = 1;
-    if (!arg && lay.rows < 2 * sms && lay.L > 8192)
+    if (sig.columns) {
+        const std::int64_t groups = (lay.rows + 31) / 32;
+        chunks = std::clamp<std::int64_t>((lay.L + 255) / 256, 1, std::max<std::int64_t>(1, 8 * sms / groups));
+    } else if (!arg && lay.rows < 2 * sms && lay.L > 8192) {
         chunks = std::min<std::int64_t>((lay.L + 4095) / 4096, (4 * sms + lay.rows - 1) / lay.rows);
+    }
     sig.partial = chunks > 1;
-    if (!sig.partial) sig.lanes = short_row_lanes(lay.L, 128);
+    if (!sig.partial && !sig.columns) sig.lanes = short_row_lanes(lay.L, 128);
     const DType acc = arg ? compute_dtype(g[rn.in[0]].dtype) : compute_dtype(rn.dtype);
     Tensor partial = sig.partial ? new_on(Shape{lay.rows * chunks}, acc == DType::boolean ? DType::f32 : acc, device) : Tensor();
     Args a;
@@ -671,7 +686,9 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
         if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
             for (auto s : lay.si[k]) a.add(s);
     }
-    const std::int64_t units = sig.lanes > 0 ? (lay.rows * sig.lanes + 255) / 256 : lay.rows * chunks;  // blocks' worth of rows
+    const std::int64_t units = sig.columns   ? (lay.rows + 31) / 32 * chunks
+                               : sig.lanes > 0 ? (lay.rows * sig.lanes + 255) / 256
+                                               : lay.rows * chunks;  // blocks' worth of rows
     const std::int64_t blocks = std::min<std::int64_t>(units, static_cast<std::int64_t>(sms) * 32);
     L.add(memo, sig.key(), [&g, &G, sig] { return reduce_kernel(g, G, sig); }, std::move(a), static_cast<unsigned>(blocks), 256);
     if (!sig.partial) return;
@@ -838,6 +855,7 @@ public:
     void adjust_plan(const ir::Graph& g, fuse::Plan& plan) const override {
         fuse::absorb_matmul_epilogues(g, plan);  // cuBLASLt applies bias, relu and gelu_tanh
     }
+    void adjust_limits(fuse::Limits& lim) const override { lim.column_rows = false; }
     fuse::Executable replayed(fuse::Executable e) const override {
         auto replay = std::make_shared<GraphReplay>(std::move(e), device_);
         return [replay](const std::vector<Tensor>& in) { return (*replay)(in); };
