@@ -402,6 +402,22 @@ TEST_CASE("optimizers follow torch's formulas; clip_grad_norm; state round trip"
 }
 
 namespace {
+/// Makes `to`'s parameters and buffers copies of `from`'s (load_state alone would share memory).
+template <class M> void copy_weights(M& from, M& to) {
+    const no_grad off;
+    std::map<std::string, Tensor> copy;
+    for (const auto& [k, t] : nn::state_dict(from)) copy.emplace(k, t.clone());
+    nn::load_state(to, copy);
+}
+/// One training step: zero_grad, the loss, backward, the optimizer's step; the loss detached.
+template <class L> Tensor train_step(nn::Optimizer& o, L&& loss_fn) {
+    o.zero_grad();
+    Tensor loss = loss_fn();
+    loss.backward();
+    o.step();
+    return loss.detach();
+}
+
 /// The seed's regression: Linear(16, 64), ReLU, Linear(64, 1).
 struct Regressor {
     nn::Linear fc1{16, 64}, fc2{64, 1};
@@ -416,19 +432,10 @@ struct Regressor {
 TEST_CASE("a compiled training step (forward, loss, backward, AdamW) matches the eager one for 100 steps") {
     manual_seed(5);
     Regressor eager_m, comp_m;
-    {
-        const no_grad off;
-        std::map<std::string, Tensor> copy;
-        for (const auto& [k, t] : nn::state_dict(eager_m)) copy.emplace(k, t.clone());  // load_state shares memory
-        nn::load_state(comp_m, copy);
-    }
+    copy_weights(eager_m, comp_m);
     nn::AdamW eo(nn::parameters(eager_m), {.lr = 1e-2}), co(nn::parameters(comp_m), {.lr = 1e-2});
     auto step = [](Regressor& m, nn::Optimizer& o, const Tensor& x, const Tensor& y) {
-        o.zero_grad();
-        Tensor loss = nn::mse_loss(m(x), y);
-        loss.backward();
-        o.step();
-        return loss.detach();
+        return train_step(o, [&] { return nn::mse_loss(m(x), y); });
     };
     auto compiled = compile([&](const Tensor& x, const Tensor& y) { return step(comp_m, co, x, y); }, {.fullgraph = true});
     manual_seed(6);
@@ -665,12 +672,7 @@ TEST_CASE("conv2d and max_pool2d gradients match finite differences") {
 TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one, BatchNorm in training mode") {
     manual_seed(21);
     nn::ResNet18 eager_m(10), comp_m(10);
-    {
-        const no_grad off;
-        std::map<std::string, Tensor> copy;
-        for (const auto& [k, t] : nn::state_dict(eager_m)) copy.emplace(k, t.clone());
-        nn::load_state(comp_m, copy);
-    }
+    copy_weights(eager_m, comp_m);
     nn::train(eager_m);
     nn::train(comp_m);
     CHECK(eager_m.bn1.training);
@@ -679,11 +681,7 @@ TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one,
     CHECK(nn::state_dict(eager_m).size() == 102);  // and 102 state-dict entries without num_batches_tracked
     nn::SGD eo(nn::parameters(eager_m), {.lr = 0.01, .momentum = 0.9}), co(nn::parameters(comp_m), {.lr = 0.01, .momentum = 0.9});
     auto step = [](nn::ResNet18& m, nn::Optimizer& o, const Tensor& x, const Tensor& y) {
-        o.zero_grad();
-        Tensor loss = nn::cross_entropy(m(x), y);
-        loss.backward();
-        o.step();
-        return loss.detach();
+        return train_step(o, [&] { return nn::cross_entropy(m(x), y); });
     };
     auto compiled = compile([&](const Tensor& x, const Tensor& y) { return step(comp_m, co, x, y); }, {.fullgraph = true});
     manual_seed(22);
@@ -796,19 +794,10 @@ TEST_CASE("a training step under reduce_overhead replays its CUDA graph on every
     manual_seed(5);
     Regressor eager_m, comp_m;
     for (Regressor* m : {&eager_m, &comp_m}) nn::to(*m, Device::cuda(0));
-    {
-        const no_grad off;
-        std::map<std::string, Tensor> copy;
-        for (const auto& [k, t] : nn::state_dict(eager_m)) copy.emplace(k, t.clone());
-        nn::load_state(comp_m, copy);
-    }
+    copy_weights(eager_m, comp_m);
     nn::AdamW eo(nn::parameters(eager_m), {.lr = 1e-2}), co(nn::parameters(comp_m), {.lr = 1e-2});
     auto step = [](Regressor& m, nn::Optimizer& o, const Tensor& x, const Tensor& y) {
-        o.zero_grad();
-        Tensor loss = nn::mse_loss(m(x), y);
-        loss.backward();
-        o.step();
-        return loss.detach();
+        return train_step(o, [&] { return nn::mse_loss(m(x), y); });
     };
     auto ro = compile([&](const Tensor& x, const Tensor& y) { return step(comp_m, co, x, y); }, {.mode = Mode::reduce_overhead});
     manual_seed(6);

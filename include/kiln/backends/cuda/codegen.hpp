@@ -726,6 +726,10 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     const int Ro = sig.outer_rank, Ri = sig.inner_rank;
     const DType acc = arg ? compute_dtype(g[x].dtype) : compute_dtype(rn.dtype);
     const std::string at = compute_type(acc), idx = sig.idx64 ? "long long" : "int";
+    // what a finished row stores: its accumulator, divided by the count for a mean
+    const std::string final_value = rn.rkind == ir::ReduceKind::mean && !arg
+                                        ? "(acc / (" + at + ")kiln_max(0.0, (double)L - " + literal(rn.correction, DType::f64) + "))"
+                                        : "acc";
     std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
     for (std::size_t k = 0; k < nl; ++k) s += "const " + std::string(storage_type(sig.dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
     const std::string out_t = sig.partial ? at : arg ? "long long" : storage_type(rn.dtype);
@@ -812,10 +816,7 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         if (sig.partial) {
             s += "      if (live_) out[r * (idx_t)chunks + ch] = acc;\n";
         } else {
-            std::string val = "acc";
-            if (rn.rkind == ir::ReduceKind::mean)
-                val = "(acc / (" + at + ")kiln_max(0.0, (double)L - " + literal(rn.correction, DType::f64) + "))";
-            s += "      if (live_) out[r] = " + store_conv(rn.dtype, val) + ";\n";
+            s += "      if (live_) out[r] = " + store_conv(rn.dtype, final_value) + ";\n";
         }
         s += "    }\n    __syncthreads();\n  }\n}\n";
         return finish_kernel("red", s);
@@ -826,10 +827,7 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         if (sig.partial) {
             s += "    if (threadIdx.x == 0) out[blk] = acc;\n";
         } else {
-            std::string val = "acc";
-            if (rn.rkind == ir::ReduceKind::mean)
-                val = "(acc / (" + at + ")kiln_max(0.0, (double)L - " + literal(rn.correction, DType::f64) + "))";
-            s += std::string(GL == 0 ? "    if (threadIdx.x == 0)" : "    if (live_ && lane_ == 0)") + " out[r] = " + store_conv(rn.dtype, val) + ";\n";
+            s += std::string(GL == 0 ? "    if (threadIdx.x == 0)" : "    if (live_ && lane_ == 0)") + " out[r] = " + store_conv(rn.dtype, final_value) + ";\n";
         }
     }
     if (GL == 0) s += "    __syncthreads();\n";
