@@ -588,6 +588,10 @@ TEST_CASE("dropout: torch's semantics, a seeded Philox mask, its gradient, and c
     CHECK(maxdiff(c1, e1) < 1e-6);
     CHECK(maxdiff(c2, e2) < 1e-6);
     CHECK(maxdiff(e1, e2) > 0);
+    // a mask over a tensor the function captures (not an argument) is drawn anew on every call too
+    auto cc = compile([&](const Tensor& a) { return Tensor(nn::dropout(x, 0.5) + a); });
+    const Tensor zero = zeros({200, 500});
+    CHECK(maxdiff(cc(zero), cc(zero)) > 0);
     // nn::Dropout follows train() / eval()
     nn::BertLayer layer(8, 2, 16);
     CHECK_FALSE(layer.dropout.training);

@@ -227,7 +227,7 @@ inline Tensor dropout(const Tensor& x, double p = 0.5, bool training = true, Gen
               ", #" + std::to_string(tr ? tr->graph().size() : 0) + ")";
     op->shape = [](const std::vector<Shape>& s) { return s[0]; };
     op->run = [p, &gen, loc](const std::vector<Tensor>& in) { return detail::dropout_keep(in[0], p, gen, loc); };
-    const Tensor keep = trace::call_op(std::move(op), {x.detach()}, DType::boolean, loc);
+    const Tensor keep = trace::call_op(std::move(op), {x.detach()}, DType::boolean, loc, /*every_call=*/true);
     return Tensor(x * keep * (1.0 / (1.0 - p)), loc);
 }
 

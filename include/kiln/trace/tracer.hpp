@@ -371,10 +371,12 @@ inline Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_s
 /// Runs a library op (ir::CallOp) on its operands: as one Kind::call node when an operand is a
 /// tracing tensor or memory the trace wrote into (the op then runs inside the compiled program,
 /// with the operands it has there), otherwise at once.
+/// `every_call`: record it whenever a trace is active, even over concrete operands (an op whose
+/// result must differ per call, such as a random draw).
 inline Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Tensor>& operands, DType out_dtype,
-                      const std::source_location& loc) {
+                      const std::source_location& loc, bool every_call = false) {
     Tracer* tr = Tracer::active();
-    bool traced = false;  // a tracing tensor, or memory the trace wrote into (its value is the trace's)
+    bool traced = every_call && tr != nullptr;  // or a tracing tensor, or live memory (its value is the trace's)
     for (const Tensor& t : operands) traced = traced || t.is_traced() || (tr && tr->live(t));
     if (!traced) return op->run(operands);
     if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
