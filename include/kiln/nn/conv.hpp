@@ -166,6 +166,17 @@ namespace detail {
 /// x as (N, C, H, W) for messages, from its channels-last (N, H, W, C) logical shape.
 inline Shape nchw_of(const Shape& nhwc) { return nhwc.rank() == 4 ? Shape{nhwc[0], nhwc[3], nhwc[1], nhwc[2]} : nhwc; }
 
+/// The window's geometry as cuDNN takes it.
+inline cuda::cudnn::ConvParams conv_params(const Window& win) { return {win.ph, win.pw, win.sh, win.sw, win.dh, win.dw}; }
+
+/// act(y + b + z), b and z each left out when undefined, as one statement.
+inline Tensor bias_residual_act(const Tensor& y, const Tensor& b, const Tensor& z, Act act, const Loc& loc) {
+    if (b.defined() && z.defined()) return apply_act(act, y + b + z, loc);
+    if (b.defined()) return apply_act(act, y + b, loc);
+    if (z.defined()) return apply_act(act, y + z, loc);
+    return apply_act(act, y, loc);
+}
+
 template <class T>
 void col2im_cpu(const Tensor& cols, Tensor& x, std::int64_t OH, std::int64_t OW, const Window& win) {
     const std::int64_t N = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3), K = win.kh * win.kw * C;
@@ -262,8 +273,7 @@ inline Tensor conv2d_input_grad(const Tensor& g, const Tensor& w, const Shape& x
         const Shape x{gc.size(0), xs[1], xs[2], xs[3]};
         if (gc.device().is_cuda()) {
             Tensor dx(x, gc.dtype(), gc.device(), loc);
-            const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
-            if (cuda::cudnn::conv2d_backward(cuda::cudnn::ConvPass::backward_data, dx, wl, gc, cp, dx)) return dx;
+            if (cuda::cudnn::conv2d_backward(cuda::cudnn::ConvPass::backward_data, dx, wl, gc, conv_params(win), dx)) return dx;
         }
         const std::int64_t oc = wl.size(0);
         return col2im_now(kiln::matmul(gc.view({-1, oc}), wl.view({oc, -1}), loc), x, win, loc);
@@ -283,8 +293,8 @@ inline Tensor conv2d_weight_grad(const Tensor& x, const Tensor& g, const Shape& 
         const Tensor gc = in[1].contiguous();
         if (gc.device().is_cuda()) {
             Tensor dw(wl, gc.dtype(), gc.device(), loc);
-            const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
-            if (cuda::cudnn::conv2d_backward(cuda::cudnn::ConvPass::backward_filter, xc.permute({0, 2, 3, 1}), dw, gc, cp, dw)) return dw;
+            if (cuda::cudnn::conv2d_backward(cuda::cudnn::ConvPass::backward_filter, xc.permute({0, 2, 3, 1}), dw, gc, conv_params(win), dw))
+                return dw;
         }
         return kiln::matmul(gc.view({-1, wl[0]}).t(), im2col(xc, win, 0), loc).view(wl);
     };
@@ -298,6 +308,7 @@ inline Tensor conv2d_weight_grad(const Tensor& x, const Tensor& g, const Shape& 
 /// from recorded ops.
 inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tensor& bias, const Window& win, Act act,
                               const Tensor& residual, const Shape& out, const Loc& loc) {
+    const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;
     if (x.device().is_cuda() && cuda::cudnn::available() && x.dtype() != DType::f64 && weight.dtype() == x.dtype()) {
         const Tensor c = autograd::detail::library(
             "conv2d", {&x, &weight}, [&] { return conv2d_nhwc(x, weight, Tensor{}, win, Act::none, loc, Tensor{}); },
@@ -306,15 +317,10 @@ inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tenso
                                            conv2d_weight_grad(xd, g, wd.shape(), win, loc).permute({0, 3, 1, 2}, loc)};
             },
             loc);
-        const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;
-        if (b.defined() && residual.defined()) return apply_act(act, c + b + residual, loc);
-        if (b.defined()) return apply_act(act, c + b, loc);
-        if (residual.defined()) return apply_act(act, c + residual, loc);
-        return apply_act(act, c, loc);
+        return bias_residual_act(c, b, residual, act, loc);
     }
     const Tensor cols = im2col_nhwc(x, win, 0, loc);
     const Tensor w2 = weight.permute({0, 2, 3, 1}, loc).reshape({weight.size(0), -1}, loc);
-    const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;
     if (!residual.defined()) return linear(cols, w2, b, act, loc).reshape(out, loc);
     return add_act(linear(cols, w2, b, Act::none, loc).reshape(out, loc), residual, act, loc);
 }
@@ -350,7 +356,7 @@ inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, 
     Tensor y(ys, xx.dtype(), xx.device());
     const Tensor xc = channels_last(xx).permute({0, 2, 3, 1}), bc = b.defined() ? b.contiguous() : b;
     const Tensor zc = z.defined() ? z.contiguous() : z;
-    const cuda::cudnn::ConvParams cp{win.ph, win.pw, win.sh, win.sw, win.dh, win.dw};
+    const cuda::cudnn::ConvParams cp = conv_params(win);
     const Tensor* bp = b.defined() ? &bc : nullptr;
     const Tensor* zp = z.defined() ? &zc : nullptr;
     const bool is_relu = act == Act::relu, epilogue = bp || zp || is_relu;
@@ -367,10 +373,7 @@ inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, 
     }
     // the convolution alone on cuDNN, then bias, residual and act as one kiln kernel
     if (!cuda::cudnn::conv2d_forward(xc, wl, nullptr, nullptr, false, cp, y)) return {};
-    if (b.defined() && z.defined()) return apply_act(act, y + b + z, loc);
-    if (b.defined()) return apply_act(act, y + b, loc);
-    if (z.defined()) return apply_act(act, y + z, loc);
-    return apply_act(act, y, loc);
+    return bias_residual_act(y, b, z, act, loc);
 }
 
 /// The library op of conv2d_nhwc (operands {x, weight, bias?, residual?}), with the hooks through

@@ -118,9 +118,7 @@ inline Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias =
     if (bias.defined() && (bias.rank() != 1 || bias.size(0) != weight.size(0)))
         kiln::detail::fail<ShapeError>("linear", "bias of shape " + bias.shape().str() + " does not match out_features = " +
                                                      std::to_string(weight.size(0)), loc);
-    const trace::Tracer* tr = trace::Tracer::active();
-    const bool traced = x.is_traced() || weight.is_traced() || (bias.defined() && bias.is_traced()) ||
-                        (tr && (tr->live(x) || tr->live(weight) || tr->live(bias)));
+    const bool traced = trace::recorded(x) || trace::recorded(weight) || trace::recorded(bias);
     // an activation without a cuBLASLt epilogue (exact gelu) is a GEMM and one fused kernel
     const bool recorded = autograd::detail::grad_mode() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
     if (!traced && !recorded && act_info(act).gemm_epilogue && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&

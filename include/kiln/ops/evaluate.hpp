@@ -211,9 +211,8 @@ inline bool may_alias(const Tensor& out, const Tensor& in) {
 /// Whether any tensor of f is a tracing tensor, or live for the active trace (memory it wrote into,
 /// whose value is then the trace's, or a parameter it may write later: Tracer::live).
 inline bool any_traced(const Flat& f) {
-    const trace::Tracer* tr = trace::Tracer::active();
     for (const Flat::Item& it : f.items)
-        if (it.kind == Flat::Kind::tensor && (it.tensor->is_traced() || (tr && tr->live(*it.tensor)))) return true;
+        if (it.kind == Flat::Kind::tensor && trace::recorded(*it.tensor)) return true;
     return false;
 }
 inline bool on_cuda(const Flat& f) {

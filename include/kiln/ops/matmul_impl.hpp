@@ -16,9 +16,7 @@ KILN_DECL Tensor matmul(const Tensor& a_in, const Tensor& b_in, std::source_loca
     if (!sh.ok()) detail::fail<ShapeError>("matmul", sh.error, loc);
     const DType dt = promote_types(a_in.dtype(), b_in.dtype());
     if (dt == DType::boolean) detail::fail<DTypeError>("matmul", "not supported for bool operands", loc);
-    if (const trace::Tracer* tr = trace::Tracer::active();
-        a_in.is_traced() || b_in.is_traced() || (tr && (tr->live(a_in) || tr->live(b_in))))
-        return trace::record_matmul(a_in, b_in, sh.result, dt, loc);
+    if (trace::recorded(a_in) || trace::recorded(b_in)) return trace::record_matmul(a_in, b_in, sh.result, dt, loc);
     if (a_in.device().is_cuda() || b_in.device().is_cuda()) return cuda::matmul(a_in, b_in, cuda::Epilogue{}, nullptr, loc);
     return detail::cpu_matmul(a_in, b_in);
 }

@@ -368,6 +368,14 @@ inline Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_s
     return tr->make(tr->graph().add(std::move(n)));
 }
 
+/// Whether work reading t must be recorded into the active trace rather than done now: t is a
+/// tracing tensor, or live for the trace (Tracer::live).
+inline bool recorded(const Tensor& t) {
+    if (t.is_traced()) return true;
+    const Tracer* tr = Tracer::active();
+    return tr != nullptr && tr->live(t);
+}
+
 /// Runs a library op (ir::CallOp) on its operands: as one Kind::call node when an operand is a
 /// tracing tensor or memory the trace wrote into (the op then runs inside the compiled program,
 /// with the operands it has there), otherwise at once.
@@ -376,8 +384,8 @@ inline Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_s
 inline Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Tensor>& operands, DType out_dtype,
                       const std::source_location& loc, bool every_call = false) {
     Tracer* tr = Tracer::active();
-    bool traced = every_call && tr != nullptr;  // or a tracing tensor, or live memory (its value is the trace's)
-    for (const Tensor& t : operands) traced = traced || t.is_traced() || (tr && tr->live(t));
+    bool traced = every_call && tr != nullptr;
+    for (const Tensor& t : operands) traced = traced || recorded(t);
     if (!traced) return op->run(operands);
     if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
     ir::Node n;
