@@ -23,7 +23,8 @@ set(KILN_LAYERS
   "autograd: autograd/"
   "compile: compile/ compile.hpp"
   "nn: nn/"
-  "umbrella: kiln.hpp nn.hpp src.hpp"
+  "dist: dist/"
+  "umbrella: kiln.hpp nn.hpp dist.hpp src.hpp"
 )
 
 # layer index of a path relative to include/kiln/ (the longest matching entry), or -1

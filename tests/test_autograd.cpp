@@ -295,6 +295,36 @@ TEST_CASE("autograd: engine semantics (accumulation, no_grad, detach, kiln::grad
     CHECK(autograd::grad(sum(mid * mid), {mid})[0].item<double>(0) == doctest::Approx(6.0));
 }
 
+TEST_CASE("autograd: post-accumulate hooks run once per backward, after the last gradient; queue_callback runs at the end") {
+    Tensor w = full({2}, 1.5, DType::f64), u = full({2}, 2.0, DType::f64);
+    w.requires_grad_();
+    u.requires_grad_();
+    std::vector<std::string> events;
+    const int hw = autograd::register_post_accumulate_grad_hook(w, [&](const Tensor& g) {
+        events.push_back("w " + std::to_string(g.item<double>(0)));
+        autograd::queue_callback([&] { events.push_back("end"); });
+    });
+    autograd::register_post_accumulate_grad_hook(u, [&](const Tensor& g) { events.push_back("u " + std::to_string(g.item<double>(0))); });
+    // w reaches the loss three ways (w*w, w*u, w): its hook runs once, with the summed gradient
+    sum(Tensor(w * w + w * u + w)).backward();
+    REQUIRE(events.size() == 3);
+    CHECK(events[0].rfind("u ", 0) == 0);  // u's last gradient comes before w's (w is also used alone, last)
+    CHECK(events[1] == "w " + std::to_string(2 * 1.5 + 2.0 + 1.0));
+    CHECK(events[2] == "end");  // after every hook
+    events.clear();
+    sum(Tensor(w * 3.0)).backward();  // accumulates onto the last gradient; u takes no part: its hook stays quiet
+    REQUIRE(events.size() == 2);
+    CHECK(events[0] == "w " + std::to_string(6.0 + 3.0));
+    (void)autograd::grad(sum(Tensor(w * u)), {w});  // kiln::grad accumulates nothing: no hook
+    CHECK(events.size() == 2);
+    autograd::remove_post_accumulate_grad_hook(w, hw);
+    sum(Tensor(w * 1.0)).backward();
+    CHECK(events.size() == 2);
+    CHECK_THROWS_WITH_AS(autograd::queue_callback([] {}), doctest::Contains("kiln::queue_callback: called outside a backward pass"), GradError);
+    Tensor mid = Tensor(w * 2.0);
+    CHECK_THROWS_WITH_AS(autograd::register_post_accumulate_grad_hook(mid, [](const Tensor&) {}), doctest::Contains("needs a leaf"), GradError);
+}
+
 TEST_CASE("autograd: errors name the op, the dtype or shape, and the user's line") {
     Tensor x = full({3}, 1.0);
     x.requires_grad_();

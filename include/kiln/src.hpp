@@ -14,3 +14,4 @@
 // the optional modules users include themselves
 #include "kiln/nn/bert.hpp"
 #include "kiln/nn/tokenizer.hpp"
+#include "kiln/dist.hpp"

@@ -129,6 +129,20 @@ KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, con
 
 }  // namespace detail
 
+/// Calls hook(grad) whenever a backward pass has finished accumulating into leaf's grad(): after
+/// the last gradient that pass sends it (torch's Tensor.register_post_accumulate_grad_hook). The
+/// hook runs on the thread that runs backward, with recording off; under kiln::compile it runs
+/// while the step is traced, so what it does is recorded into the program. Returns an id for
+/// remove_post_accumulate_grad_hook. GradError unless leaf is a leaf that requires grad.
+KILN_DECL int register_post_accumulate_grad_hook(Tensor& leaf, std::function<void(const Tensor&)> hook,
+                                                 std::source_location loc = std::source_location::current());
+/// Removes a hook registered on leaf (an unknown id does nothing).
+KILN_DECL void remove_post_accumulate_grad_hook(const Tensor& leaf, int id);
+/// Runs f once the backward pass running on this thread has finished, after every gradient was
+/// accumulated (torch's Variable._execution_engine.queue_callback); callbacks run in the order they
+/// were queued. GradError outside a backward pass.
+KILN_DECL void queue_callback(std::function<void()> f, std::source_location loc = std::source_location::current());
+
 /// Gradients of `output` (a scalar, or with `grad_output` of its shape) with respect to `inputs`,
 /// returned instead of accumulated into grad() (torch.autograd.grad). An input the output does
 /// not depend on gets an undefined tensor.

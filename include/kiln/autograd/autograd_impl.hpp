@@ -3,6 +3,8 @@
 // Included at the end of kiln/autograd/autograd.hpp (in header-only mode, or by kiln/src.hpp), never on its own.
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <map>
 #include <unordered_map>
 
@@ -455,9 +457,48 @@ Tensor add(const Tensor& a, const Tensor& b) { return a.defined() ? Tensor(a + b
 
 }  // namespace
 
+/// The callbacks queued (queue_callback) during the backward pass running on this thread, or null
+/// (external linkage: one per thread for the whole program, also header-only).
+inline std::vector<std::function<void()>>*& queued_callbacks() {
+    thread_local std::vector<std::function<void()>>* q = nullptr;
+    return q;
+}
+
+namespace {
+
+/// Sets queued_callbacks() for one backward pass and runs what was queued when the pass is done
+/// (each callback may queue more).
+class CallbackQueue {
+public:
+    CallbackQueue() : prev_(queued_callbacks()) { queued_callbacks() = &q_; }
+    ~CallbackQueue() { queued_callbacks() = prev_; }
+    CallbackQueue(const CallbackQueue&) = delete;
+    CallbackQueue& operator=(const CallbackQueue&) = delete;
+    void run() {
+        for (std::size_t i = 0; i < q_.size(); ++i) {
+            const std::function<void()> f = q_[i];
+            f();
+        }
+        q_.clear();
+    }
+
+private:
+    std::vector<std::function<void()>>* prev_;
+    std::vector<std::function<void()>> q_;
+};
+
+/// Calls a leaf's post-accumulate hooks with its gradient.
+void run_post_accumulate(const Meta& m) {
+    const auto hooks = m.post_accumulate;  // a hook may remove hooks
+    for (const auto& [id, h] : hooks) h(m.grad);
+}
+
+}  // namespace
+
 KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
                                            const std::vector<Tensor>& inputs, const std::source_location& loc) {
     const no_grad off;
+    CallbackQueue callbacks;
     const bool capture = !inputs.empty();
     std::map<const void*, std::size_t> target;  // leaf Meta or Node -> index into inputs
     for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -466,9 +507,21 @@ KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, con
         target[t.grad_fn() ? static_cast<const void*>(t.grad_fn().get()) : static_cast<const void*>(t.autograd_meta().get())] = i;
     }
     std::vector<Tensor> captured(inputs.size());
+    // leaf -> edges from reachable nodes still to come, and whether this pass accumulated into it:
+    // its post-accumulate hooks run after its last edge
+    std::unordered_map<Meta*, int> leaf_deps;
+    std::unordered_map<Meta*, bool> accumulated;
     auto to_leaf = [&](const std::shared_ptr<Meta>& m, const Tensor& g) {
-        if (!capture) return accumulate(*m, g);
+        if (!capture) {
+            accumulate(*m, g);
+            accumulated[m.get()] = true;
+            return;
+        }
         if (auto it = target.find(m.get()); it != target.end()) captured[it->second] = add(captured[it->second], g);
+    };
+    auto leaf_edge_done = [&](const std::shared_ptr<Meta>& m) {
+        if (capture || --leaf_deps[m.get()] > 0 || !accumulated[m.get()]) return;
+        if (!m->post_accumulate.empty()) run_post_accumulate(*m);
     };
 
     std::unordered_map<Node*, Tensor> buffer;
@@ -493,6 +546,8 @@ KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, con
             starts.push_back(n);
         } else {
             to_leaf(root.autograd_meta(), g);
+            ++leaf_deps[root.autograd_meta().get()];
+            leaf_edge_done(root.autograd_meta());
         }
     }
     // dependencies: how many edges from reachable nodes point at each node
@@ -508,6 +563,8 @@ KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, con
             if (e.fn) {
                 ++deps[e.fn.get()];
                 stack.push_back(e.fn.get());
+            } else if (e.leaf) {
+                ++leaf_deps[e.leaf.get()];
             }
     }
     std::vector<Node*> ready;
@@ -531,15 +588,43 @@ KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, con
             if (e.fn) {
                 if (gk.defined()) buffer[e.fn.get()] = add(buffer[e.fn.get()], gk);
                 if (--deps[e.fn.get()] == 0) ready.push_back(e.fn.get());
-            } else if (e.leaf && gk.defined()) {
-                to_leaf(e.leaf, gk);
+            } else if (e.leaf) {
+                if (gk.defined()) to_leaf(e.leaf, gk);
+                leaf_edge_done(e.leaf);
             }
         }
     }
+    callbacks.run();
     return captured;
 }
 
 }  // namespace kiln::autograd::detail
+
+namespace kiln::autograd {
+
+KILN_DECL int register_post_accumulate_grad_hook(Tensor& leaf, std::function<void(const Tensor&)> hook,
+                                                 std::source_location loc) {
+    if (!leaf.requires_grad() || !leaf.is_leaf())
+        detail::grad_fail("register_post_accumulate_grad_hook", "needs a leaf tensor that requires grad (a parameter)", loc);
+    static std::atomic<int> next{0};
+    const int id = ++next;
+    leaf.autograd_meta()->post_accumulate.emplace_back(id, std::move(hook));
+    return id;
+}
+
+KILN_DECL void remove_post_accumulate_grad_hook(const Tensor& leaf, int id) {
+    if (!leaf.autograd_meta()) return;
+    auto& h = leaf.autograd_meta()->post_accumulate;
+    h.erase(std::remove_if(h.begin(), h.end(), [id](const auto& e) { return e.first == id; }), h.end());
+}
+
+KILN_DECL void queue_callback(std::function<void()> f, std::source_location loc) {
+    auto* q = detail::queued_callbacks();
+    if (q == nullptr) detail::grad_fail("queue_callback", "called outside a backward pass", loc);
+    q->push_back(std::move(f));
+}
+
+}  // namespace kiln::autograd
 
 namespace kiln {
 

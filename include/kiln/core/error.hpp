@@ -29,6 +29,9 @@ class ValueError : public Error { using Error::Error; };
 /// Autograd misuse: backward of a non-scalar without a gradient, an in-place write into a leaf that
 /// requires grad, a tensor saved for backward and modified in place since.
 class GradError : public Error { using Error::Error; };
+/// Distributed work failed (kiln::dist): a rank that exited or lost its connection, a collective
+/// that timed out, a rendezvous that did not complete, ranks started with different world sizes.
+class DistError : public Error { using Error::Error; };
 /// A bug in kiln itself, never the user's fault.
 class InternalError : public Error { using Error::Error; };
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <type_traits>
@@ -327,6 +328,9 @@ struct Meta {
     bool requires_grad = false;       ///< a leaf whose gradient is wanted
     Tensor grad;                      ///< accumulated by backward
     std::shared_ptr<Node> grad_fn;    ///< the recorded op that made the tensor (non-leaves)
+    /// A leaf's hooks (autograd::register_post_accumulate_grad_hook), by id: each called with
+    /// `grad` once a backward pass has accumulated into it for the last time.
+    std::vector<std::pair<int, std::function<void(const Tensor&)>>> post_accumulate;
 };
 }  // namespace autograd::detail
 

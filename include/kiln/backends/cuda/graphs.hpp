@@ -25,6 +25,13 @@ struct GraphStats {
 
 namespace detail {
 
+/// Called before every replay of a captured graph when set: kiln::dist sets it so that a graph
+/// whose collectives would run on a failed (aborted) communicator throws DistError instead.
+inline void (*&before_replay_hook())() {
+    static void (*hook)() = nullptr;
+    return hook;
+}
+
 inline GraphStats& graph_stats_ref() {
     static GraphStats s;
     return s;
@@ -204,6 +211,7 @@ private:
     }
 
     std::vector<Tensor> replay(Instance& inst, const std::vector<Tensor>& in) {
+        if (void (*hook)() = before_replay_hook()) hook();
         for (std::size_t k = 0; k < in.size(); ++k)
             if (inst.staged[k].defined()) inst.staged[k].copy_(in[k]);
         check(driver().graph_launch(inst.exec, current_stream(device_)), "cuGraphLaunch");

@@ -1,0 +1,383 @@
+// kiln::dist: the store, init's errors, the sampler, and multi-process runs of tests/dist_worker.cpp
+// through tools/kilnrun: collectives against a float64 reference, DataParallel training against one
+// process on the global batch (eager and compiled), a rank that dies, mismatched and duplicate
+// ranks. On the CPU (the store backend) these run in CI; on CUDA (NCCL) the single-GPU cases run
+// on any GPU machine and the suite "multi_gpu" on a machine with two GPUs or more
+// (tests/gpu.sh runs it there).
+#include <doctest/doctest.h>
+
+#include <kiln/dist.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "test_util.hpp"
+
+using kiln::Tensor;
+namespace dist = kiln::dist;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
+
+/// tools/kilnrun and the worker: $KILN_RUN / $KILN_DIST_WORKER, else the source tree's launcher and
+/// the worker built beside this test.
+std::string launcher() {
+    if (const char* e = std::getenv("KILN_RUN")) return e;
+    return KILN_SOURCE_DIR "/tools/kilnrun";
+}
+std::string worker() {
+    if (const char* e = std::getenv("KILN_DIST_WORKER")) return e;
+    return (fs::read_symlink("/proc/self/exe").parent_path() / "kiln_dist_worker").string();
+}
+
+struct Run {
+    int status = -1;
+    std::vector<std::string> logs;  // per rank
+    std::string all() const {
+        std::string s;
+        for (std::size_t r = 0; r < logs.size(); ++r) s += "--- rank " + std::to_string(r) + "\n" + logs[r];
+        return s;
+    }
+};
+
+/// Starts n workers with `args` through the launcher; each rank's output is kept.
+Run run_workers(int n, const std::string& args, int grace = 30) {
+    const fs::path dir = fs::temp_directory_path() / ("kiln_dist_test_" + std::to_string(::getpid()) + "_" + std::to_string(std::rand()));
+    fs::create_directories(dir);
+    const std::string cmd = "env -u MASTER_PORT -u MASTER_ADDR bash " + launcher() + " --nproc " + std::to_string(n) + " --grace " +
+                            std::to_string(grace) + " --log-dir " + dir.string() + " " + worker() + " " + args + " > " +
+                            (dir / "launcher.log").string() + " 2>&1";
+    Run r;
+    const int s = std::system(cmd.c_str());
+    r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+    for (int k = 0; k < n; ++k) r.logs.push_back(read_file(dir / ("rank_" + std::to_string(k) + ".log")));
+    r.logs.push_back(read_file(dir / "launcher.log"));
+    fs::remove_all(dir);
+    return r;
+}
+
+bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+/// Unsets the rendezvous variables for a scope (a test process started by a launcher has them).
+struct NoRendezvousEnv {
+    NoRendezvousEnv() {
+        for (const char* v : {"MASTER_PORT", "MASTER_ADDR", "KILN_RDZV_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK"}) ::unsetenv(v);
+    }
+};
+
+bool fewer_than_two_gpus() { return kiln::cuda::device_count() < 2; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- the store
+TEST_CASE("dist store: set, get (waiting for a later set), add, set_if_absent, erase, timeouts") {
+    dist::StoreServer server("127.0.0.1", 0);
+    dist::StoreClient a("127.0.0.1", server.port(), 5), b("127.0.0.1", server.port(), 5);
+    a.set("k", std::string("v\0w", 3));
+    CHECK(b.get("k", 1) == std::string("v\0w", 3));
+    std::thread later([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        a.set("late", "here");
+    });
+    CHECK(b.get("late", 5) == "here");
+    later.join();
+    CHECK(a.add("n", 2) == 2);
+    CHECK(b.add("n", 3) == 5);
+    std::string old;
+    CHECK(a.set_if_absent("once", "first", &old));
+    CHECK_FALSE(b.set_if_absent("once", "second", &old));
+    CHECK(old == "first");
+    a.erase("once");
+    CHECK(b.set_if_absent("once", "third", &old));
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(b.get("never", 0.2), doctest::Contains("waited 0.2"), kiln::DistError);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    std::string big(3 << 20, 'x');  // larger than one read of the server
+    a.set("big", big);
+    CHECK(b.get("big", 1) == big);
+}
+
+TEST_CASE("dist store: a connection that closes without a goodbye fails every wait and watch; a goodbye does not") {
+    dist::StoreServer server("127.0.0.1", 0);
+    dist::StoreClient waiter("127.0.0.1", server.port(), 5), watcher("127.0.0.1", server.port(), 5);
+    watcher.hello(0);
+    watcher.watch();
+    {
+        dist::StoreClient polite("127.0.0.1", server.port(), 5);
+        polite.hello(2);
+        polite.bye();
+    }
+    auto dying = std::make_unique<dist::StoreClient>("127.0.0.1", server.port(), 5);
+    dying->hello(1);
+    std::thread t([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        dying.reset();  // closes without bye(): rank 1 is dead
+    });
+    CHECK_THROWS_WITH_AS(waiter.get("never", 30), doctest::Contains("rank 1 exited or lost its connection"), kiln::DistError);
+    t.join();
+    CHECK(has(watcher.watch_result(), "rank 1 exited"));
+    // later waits fail at once, and so does a client whose server went away
+    CHECK_THROWS_AS(waiter.get("other", 30), kiln::DistError);
+    dist::StoreClient* orphan = nullptr;
+    {
+        auto s2 = std::make_unique<dist::StoreServer>("127.0.0.1", 0);
+        orphan = new dist::StoreClient("127.0.0.1", s2->port(), 5);
+    }
+    CHECK_THROWS_WITH_AS(orphan->get("x", 30), doctest::Contains("lost the connection to the store"), kiln::DistError);
+    delete orphan;
+    // nobody listening: a typed error within the connect timeout
+    int free_port = 0;
+    {
+        dist::StoreServer s3("127.0.0.1", 0);
+        free_port = s3.port();
+    }
+    CHECK_THROWS_WITH_AS(dist::StoreClient("127.0.0.1", free_port, 0.2), doctest::Contains("cannot reach the store"), kiln::DistError);
+}
+
+// ---------------------------------------------------------------- init
+TEST_CASE("dist::init: bad ranks, world sizes and a missing rendezvous are DistError naming the call") {
+    NoRendezvousEnv env;
+    CHECK_THROWS_WITH_AS(dist::init(2, 2), doctest::Contains("kiln::dist::init: rank 2 is out of range for world_size 2"), kiln::DistError);
+    CHECK_THROWS_WITH_AS(dist::init(-1, 2), doctest::Contains("rank -1 is out of range"), kiln::DistError);
+    CHECK_THROWS_WITH_AS(dist::init(0, 0), doctest::Contains("world_size must be at least 1"), kiln::DistError);
+    CHECK_THROWS_WITH_AS(dist::init(0, 2, {.device = kiln::Device::cpu()}), doctest::Contains("no rendezvous for 2 ranks"), kiln::DistError);
+    CHECK_THROWS_WITH_AS(dist::init(0, 2), doctest::Contains("test_dist.cpp"), kiln::DistError);
+    CHECK_FALSE(dist::is_initialized());
+    Tensor t = kiln::ones({2});
+    CHECK_THROWS_WITH_AS(dist::all_reduce(t), doctest::Contains("kiln::all_reduce: no process group: call kiln::dist::init first"), kiln::DistError);
+    // a rank 1 whose rank 0 never comes: the wait for its port ends in a DistError
+    const fs::path dir = fs::temp_directory_path() / ("kiln_rdzv_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    CHECK_THROWS_WITH_AS(dist::init(1, 2, {.device = kiln::Device::cpu(), .rendezvous_dir = dir.string(), .timeout_s = 0.3}),
+                         doctest::Contains("rank 0 did not publish its store's port"), kiln::DistError);
+    fs::remove_all(dir);
+}
+
+TEST_CASE("dist: a group of one on the CPU; collectives are identities, DataParallel is the module") {
+    NoRendezvousEnv env;
+    dist::init(0, 1, {.device = kiln::Device::cpu()});
+    CHECK(dist::is_initialized());
+    CHECK(dist::world_size() == 1);
+    CHECK(dist::backend() == "store");
+    CHECK_THROWS_WITH_AS(dist::init(0, 1), doctest::Contains("already initialized"), kiln::DistError);
+    Tensor t = kiln::randn({3, 4});
+    const Tensor before = t.clone();
+    dist::all_reduce(t, dist::ReduceOp::avg);
+    CHECK(kiln_test::maxdiff(t, before) == 0);
+    CHECK(dist::all_gather(t).shape() == kiln::Shape{1, 3, 4});
+    CHECK(kiln_test::maxdiff(dist::reduce_scatter(t), before) == 0);
+    dist::barrier();
+    Tensor i = kiln::zeros({2}, kiln::DType::i32);
+    CHECK_THROWS_WITH_AS(dist::all_reduce(i, dist::ReduceOp::avg), doctest::Contains("avg needs a floating tensor"), kiln::DTypeError);
+    Tensor b = kiln::zeros({2}, kiln::DType::boolean);
+    CHECK_THROWS_WITH_AS(dist::all_reduce(b), doctest::Contains("sum of a bool tensor"), kiln::DTypeError);
+    CHECK_THROWS_WITH_AS(dist::broadcast(t, 1), doctest::Contains("src 1 is not a rank"), kiln::ValueError);
+    CHECK_THROWS_WITH_AS(dist::reduce_scatter(kiln::zeros(kiln::Shape{})), doctest::Contains("does not split into 1"), kiln::ShapeError);
+    auto traced_barrier = kiln::compile([](const Tensor& x) {
+        dist::barrier();
+        return Tensor(x + 1);
+    });
+    CHECK_THROWS_WITH_AS(traced_barrier(t), doctest::Contains("cannot run inside kiln::compile"), kiln::DistError);
+
+    // DataParallel of one: training equals training the module itself, eager and compiled
+    for (bool compiled : {false, true}) {
+        kiln::manual_seed(3);
+        kiln::nn::Mlp a(8, 16, 4), b2 = a;
+        b2.fc1.weight = a.fc1.weight.clone();
+        b2.fc1.bias = a.fc1.bias.clone();
+        b2.fc2.weight = a.fc2.weight.clone();
+        b2.fc2.bias = a.fc2.bias.clone();
+        dist::DataParallel ddp(a, {.bucket_cap_mb = 0, .first_bucket_mb = 0});  // every parameter its own bucket
+        CHECK(ddp.reducer().bucket_params().size() == 4);
+        CHECK(ddp.reducer().bucket_params()[0] == std::vector<int>{3});  // the last parameter first
+        kiln::nn::SGD oa(kiln::nn::parameters(a), {.lr = 0.1}), ob(kiln::nn::parameters(b2), {.lr = 0.1});
+        auto step_a = [&](const Tensor& x, const Tensor& y) {
+            oa.zero_grad();
+            Tensor l = kiln::nn::mse_loss(ddp(x), y);
+            l.backward();
+            oa.step();
+            return l.detach();
+        };
+        auto compiled_a = kiln::compile(step_a);
+        for (int s = 0; s < 4; ++s) {
+            const Tensor x = kiln::randn({5, 8}), y = kiln::randn({5, 4});
+            const Tensor la = compiled ? compiled_a(x, y) : step_a(x, y);
+            ob.zero_grad();
+            Tensor lb = kiln::nn::mse_loss(b2(x), y);
+            lb.backward();
+            ob.step();
+            CHECK(kiln_test::maxdiff(la, lb) < 1e-6);
+        }
+        CHECK(kiln_test::maxdiff(a.fc1.weight, b2.fc1.weight) < 1e-6);
+        CHECK(kiln_test::maxdiff(a.fc2.bias, b2.fc2.bias) < 1e-6);
+        if (compiled) CHECK(has(compiled_a.graph(), "dist.ddp_bucket_start"));
+    }
+    dist::destroy();
+    CHECK_FALSE(dist::is_initialized());
+    dist::destroy();  // twice is fine
+}
+
+TEST_CASE("DistributedSampler: disjoint shares that cover the data, padding, drop_last, a shuffle per epoch") {
+    for (bool shuffle : {false, true}) {
+        std::vector<int> seen(10, 0);
+        for (int r = 0; r < 3; ++r) {
+            dist::DistributedSampler s(10, 3, r, shuffle, 7);
+            CHECK(s.num_samples() == 4);
+            for (std::int64_t i : s.indices()) ++seen[static_cast<std::size_t>(i)];
+        }
+        int total = 0;
+        for (int c : seen) {
+            CHECK(c >= 1);  // every sample, two of them twice (12 = 3 x 4 slots for 10 samples)
+            total += c;
+        }
+        CHECK(total == 12);
+    }
+    dist::DistributedSampler d(10, 3, 2, false, 0, true);
+    CHECK(d.num_samples() == 3);
+    CHECK(d.indices() == std::vector<std::int64_t>{2, 5, 8});
+    dist::DistributedSampler e0(100, 2, 0, true, 1), e1(100, 2, 0, true, 1);
+    e1.set_epoch(1);
+    CHECK(e0.indices() != e1.indices());
+    CHECK(e0.indices() == dist::DistributedSampler(100, 2, 0, true, 1).indices());  // the same on every call and process
+    CHECK_THROWS_AS(dist::DistributedSampler(10, 2, 2), kiln::ValueError);
+}
+
+// ---------------------------------------------------------------- several processes, CPU
+TEST_CASE("dist, 2 and 3 CPU processes: every collective and dtype against a float64 reference") {
+    for (int n : {2, 3}) {
+        const Run r = run_workers(n, "collectives --device cpu");
+        INFO(r.all());
+        CHECK(r.status == 0);
+        for (int k = 0; k < n; ++k) CHECK(has(r.logs[static_cast<std::size_t>(k)], "collectives ok (store, " + std::to_string(n) + " ranks)"));
+    }
+}
+
+TEST_CASE("DataParallel, 2 CPU processes: 20 steps equal one process on the global batch (MLP and BERT layer, eager and compiled)") {
+    for (const char* model : {"mlp", "bert"})
+        for (const char* mode : {"eager", "compiled"}) {
+            if (std::string(model) == "bert" && std::string(mode) == "eager") continue;  // the compiled run covers it; eager BERT is slow under the sanitizers
+            const Run r = run_workers(2, std::string("train --device cpu --model ") + model + " --mode " + mode + " --steps 20 --tol 1e-6");
+            INFO(r.all());
+            CHECK(r.status == 0);
+            CHECK(has(r.logs[0], "parameters vs one process on the global batch"));
+            CHECK(has(r.logs[1], "train ok"));
+        }
+}
+
+TEST_CASE("dist, CPU: a rank that exits makes the others raise DistError naming it (eager and compiled)") {
+    for (const char* mode : {"eager", "compiled"}) {
+        const Run r = run_workers(3, std::string("die --device cpu --at 3 --timeout 120 --mode ") + mode, 60);
+        INFO(r.all());
+        CHECK(r.status == 3);  // the launcher reports the rank that died
+        for (int k : {0, 2}) {
+            CHECK(has(r.logs[static_cast<std::size_t>(k)], "EXPECTED DistError"));
+            CHECK(has(r.logs[static_cast<std::size_t>(k)], "rank 1 exited or lost its connection"));
+        }
+    }
+}
+
+TEST_CASE("dist::init across processes: a world size mismatch and a rank started twice fail every rank") {
+    Run r = run_workers(2, "mismatch --device cpu --timeout 20");
+    INFO(r.all());
+    CHECK(r.status == 0);
+    for (int k = 0; k < 2; ++k) {
+        CHECK(has(r.logs[static_cast<std::size_t>(k)], "EXPECTED DistError: kiln::dist::init: world size mismatch: rank 1 was started with world_size 3 but rank 0 with world_size 2"));
+    }
+    r = run_workers(3, "duplicate --device cpu --timeout 20");
+    INFO(r.all());
+    CHECK(r.status == 0);
+    int twice = 0;
+    for (int k = 0; k < 3; ++k) {
+        CHECK(has(r.logs[static_cast<std::size_t>(k)], "EXPECTED DistError"));
+        twice += has(r.logs[static_cast<std::size_t>(k)], "rank 1 was started twice");
+    }
+    CHECK(twice == 3);
+}
+
+// ---------------------------------------------------------------- CUDA (NCCL)
+TEST_CASE("dist, one GPU: NCCL group of one; DataParallel training equals the module, compiled and under reduce_overhead" *
+          doctest::skip(kiln_test::no_cuda())) {
+    NoRendezvousEnv env;
+    dist::init(0, 1, {.device = kiln::Device::cuda(0)});
+    CHECK(dist::backend() == "nccl");
+    Tensor t = kiln::randn({1000}).cuda();
+    const Tensor before = t.clone();
+    dist::all_reduce(t, dist::ReduceOp::sum);
+    CHECK(kiln_test::maxdiff(t, before) == 0);
+    for (kiln::Mode mode : {kiln::Mode::normal, kiln::Mode::reduce_overhead}) {
+        kiln::manual_seed(3);
+        const kiln::nn::Init init{kiln::DType::f32, kiln::Device::cuda(0)};
+        kiln::nn::Mlp a(32, 64, 16, init), b2 = a;
+        b2.fc1.weight = a.fc1.weight.clone();
+        b2.fc1.bias = a.fc1.bias.clone();
+        b2.fc2.weight = a.fc2.weight.clone();
+        b2.fc2.bias = a.fc2.bias.clone();
+        dist::DataParallel ddp(a, {.first_bucket_mb = 0});
+        kiln::nn::AdamW oa(kiln::nn::parameters(a), {.lr = 1e-3}), ob(kiln::nn::parameters(b2), {.lr = 1e-3});
+        auto step = kiln::compile(
+            [&](const Tensor& x, const Tensor& y) {
+                oa.zero_grad();
+                Tensor l = kiln::nn::mse_loss(ddp(x), y);
+                l.backward();
+                oa.step();
+                return l.detach();
+            },
+            {.mode = mode});
+        for (int s = 0; s < 6; ++s) {
+            const Tensor x = kiln::randn({8, 32}).cuda(), y = kiln::randn({8, 16}).cuda();
+            const Tensor la = step(x, y).clone();
+            ob.zero_grad();
+            Tensor lb = kiln::nn::mse_loss(b2(x), y);
+            lb.backward();
+            ob.step();
+            CHECK(kiln_test::maxdiff(la, lb) < 1e-5);
+        }
+        CHECK(kiln_test::maxdiff(a.fc1.weight, b2.fc1.weight) < 1e-5);
+    }
+    dist::destroy();
+}
+
+TEST_CASE("dist, 2 GPUs (NCCL): every collective and dtype against a float64 reference" * doctest::test_suite("multi_gpu") *
+          doctest::skip(fewer_than_two_gpus())) {
+    const Run r = run_workers(2, "collectives --device cuda");
+    INFO(r.all());
+    CHECK(r.status == 0);
+    for (int k = 0; k < 2; ++k) CHECK(has(r.logs[static_cast<std::size_t>(k)], "collectives ok (nccl, 2 ranks)"));
+}
+
+TEST_CASE("DataParallel, 2 GPUs: 20 steps equal one GPU on the global batch (MLP and BERT layer; eager, compiled, reduce_overhead)" *
+          doctest::test_suite("multi_gpu") * doctest::skip(fewer_than_two_gpus())) {
+    for (const char* model : {"mlp", "bert"})
+        for (const char* mode : {"eager", "compiled", "reduce_overhead"}) {
+            const Run r = run_workers(2, std::string("train --device cuda --model ") + model + " --mode " + mode + " --steps 20 --tol 1e-4");
+            INFO(r.all());
+            CHECK(r.status == 0);
+            CHECK(has(r.logs[0], "parameters vs one process on the global batch"));
+            CHECK(has(r.logs[1], "train ok"));
+        }
+}
+
+TEST_CASE("dist, 2 GPUs: a rank that exits mid-training makes the other raise DistError, not hang (compiled, reduce_overhead)" *
+          doctest::test_suite("multi_gpu") * doctest::skip(fewer_than_two_gpus())) {
+    for (const char* mode : {"compiled", "reduce_overhead"}) {
+        const Run r = run_workers(2, std::string("die --device cuda --at 5 --timeout 120 --mode ") + mode, 60);
+        INFO(r.all());
+        CHECK(r.status == 3);
+        CHECK(has(r.logs[0], "EXPECTED DistError"));
+        CHECK(has(r.logs[0], "rank 1 exited or lost its connection"));
+    }
+}
