@@ -17,6 +17,8 @@
 #include <kiln/nn/bert.hpp>
 #include <kiln/nn/tokenizer.hpp>
 
+#include "train_workloads.hpp"
+
 #include <Eigen/Core>
 #include <stdlib.h>
 
@@ -707,78 +709,14 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
 }
 
 // ---------------------------------------------------------------------------------------------
-// Training rows: one training step each (forward, loss, backward, optimizer step).
-//   mlp_train        the bench's MLP (batch 64, 1024 -> 4096 GELU(tanh) -> 1024), f32 without TF32, MSE
-//                    loss against a fixed target, AdamW (lr 1e-4)
-//   bert_layer_train the bench's BERT layer (batch 8, seq 128, hidden 768, 12 heads, FFN 3072) with f32
-//                    master weights computing in bf16 (nn::autocast: the weights cast each step, as
-//                    torch.autocast does), MSE loss in f32 against a fixed target, AdamW (lr 1e-4)
-//   resnet18_train   ResNet-18 in training mode (BatchNorm on batch statistics), batch 16 at 224x224, f32
-//                    (TF32 GEMMs on the GPU, as torch's default TF32 convolutions), cross-entropy over
-//                    1000 classes, SGD (lr 0.01, momentum 0.9)
+// Training rows: one training step each (forward, loss, backward, optimizer step) of the workloads
+// in bench/train_workloads.hpp.
 // Methods: eager (the step called directly: ops recorded, one kernel per op and per gradient rule),
 // compiled (kiln::compile of the whole step: forward, backward and optimizer in one program) and,
 // on the GPU, reduce_overhead (that program replayed as a CUDA graph). Each method trains its own
 // copy of the model from the same seed; their first losses are checked against each other.
-
-struct Trainer {
-    std::shared_ptr<void> model;  // the module (kept alive)
-    std::shared_ptr<kiln::nn::Optimizer> opt;
-    std::function<Tensor(const Tensor&, const Tensor&)> loss;  // forward and loss
-    Tensor x, y;
-    double flops = 0;
-    std::string math;
-    double tol = 1e-4;  // first losses of the methods agree to this (relative)
-    Tensor step(const Tensor& in, const Tensor& target) {
-        opt->zero_grad();
-        Tensor l = loss(in, target);
-        l.backward();
-        opt->step();
-        return l.detach();
-    }
-};
-
-Trainer make_trainer(const std::string& name, kiln::Device dev) {
-    kiln::manual_seed(7);
-    Trainer t;
-    const kiln::nn::Init f32{kiln::DType::f32, dev};
-    if (name == "mlp_train") {
-        auto m = std::make_shared<kiln::nn::Mlp>(1024, 4096, 1024, f32);
-        t.model = m;
-        t.opt = std::make_shared<kiln::nn::AdamW>(kiln::nn::parameters(*m), kiln::nn::AdamW::Options{.lr = 1e-4});
-        t.loss = [m](const Tensor& x, const Tensor& y) { return kiln::nn::mse_loss((*m)(x), y); };
-        t.x = kiln::randn({64, 1024}).to(dev);
-        t.y = kiln::randn({64, 1024}).to(dev);
-        t.flops = 3 * 2.0 * 64 * (1024.0 * 4096 * 2);  // forward + backward (2x forward)
-        t.math = "f32 (no TF32)";
-    } else if (name == "bert_layer_train") {
-        const std::int64_t B = 8, S = 128, E = 768, H = 12, F = 3072;
-        auto m = std::make_shared<kiln::nn::BertLayer>(E, H, F, 1e-5, f32);
-        t.model = m;
-        t.opt = std::make_shared<kiln::nn::AdamW>(kiln::nn::parameters(*m), kiln::nn::AdamW::Options{.lr = 1e-4});
-        t.loss = [m](const Tensor& x, const Tensor& y) {
-            const kiln::nn::BertLayer low = kiln::nn::autocast(*m, kiln::DType::bf16);
-            return kiln::nn::mse_loss(low(x).to(kiln::DType::f32), y);
-        };
-        t.x = kiln::randn({B, S, E}).to(kiln::DType::bf16).to(dev);
-        t.y = kiln::randn({B, S, E}).to(dev);
-        t.flops = 3 * (2.0 * B * S * (E * 3.0 * E + E * E + 2.0 * E * F) + 2.0 * 2 * B * H * S * S * (E / H));
-        t.math = "bf16 compute, f32 master weights and AdamW state";
-        t.tol = 1e-3;
-    } else {  // resnet18_train
-        auto m = std::make_shared<kiln::nn::ResNet18>(1000, f32);
-        kiln::nn::train(*m);
-        t.model = m;
-        t.opt = std::make_shared<kiln::nn::SGD>(kiln::nn::parameters(*m), kiln::nn::SGD::Options{.lr = 0.01, .momentum = 0.9});
-        t.loss = [m](const Tensor& x, const Tensor& y) { return kiln::nn::cross_entropy((*m)(x), y); };
-        t.x = kiln::randn({16, 3, 224, 224}).to(dev);
-        t.y = kiln::randint(0, 1000, {16}).to(dev);
-        t.flops = 3 * 2.0 * 1814073344.0 * 16;  // 3x the forward's 2 * MACs (torch_anchor.py counts 1,814,073,344 per image)
-        t.math = dev.is_cuda() ? "f32, TF32 GEMMs (as torch's default TF32 convolutions)" : "f32";
-        t.tol = 1e-3;
-    }
-    return t;
-}
+using kiln_bench::Trainer;
+using kiln_bench::make_trainer;
 
 void train_rows(Bench& b, const std::string& name, kiln::Device dev, int threads, bool gpu) {
     const bool tf32 = gpu && name == "resnet18_train";

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, for a machine with a CUDA device: every test binary (the CUDA ones run their GPU
-# cases there), compute-sanitizer memcheck over the CUDA tests, then the GPU bench rows.
+# cases there; test_dist's multi_gpu suite where there are 2 GPUs or more), compute-sanitizer
+# memcheck over the CUDA tests, then the GPU bench rows.
 #   bash tests/gpu.sh [BUILD_DIR]      (default build/gpu; logs and JSON go to $OUT or /tmp/kiln-gpu)
 # Build first (here or elsewhere) with:
 #   cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DKILN_NATIVE=OFF && cmake --build build/gpu -j
@@ -10,9 +11,15 @@ B="${1:-build/gpu}"
 OUT="${OUT:-/tmp/kiln-gpu}"
 mkdir -p "$OUT"
 export KILN_CACHE_DIR="$(mktemp -d)"
+export KILN_RUN="$PWD/tools/kilnrun"  # test_dist starts its ranks through the launcher of this tree
 status=0
 nvidia-smi -L || true
-for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics autograd bert nn nn_io ops_sweep shape_ops compile compile_semantics core expr errors cpu_backend; do
+# the suite multi_gpu (several processes on several GPUs, test_dist) runs where there are 2 GPUs or more
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' )
+left_out_suites=no_gpu,download
+[ "$gpus" -ge 2 ] || left_out_suites=no_gpu,download,multi_gpu
+echo "== $gpus GPUs: suites left out: $left_out_suites"
+for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics autograd dist bert nn nn_io ops_sweep shape_ops compile compile_semantics core expr errors cpu_backend; do
   exe="$B/tests/kiln_test_$t"
   [ -x "$exe" ] || { echo "== $t: not built in $B"; status=1; continue; }
   echo "== $t"
@@ -21,13 +28,13 @@ for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics 
   # test runs here even where it would skip itself (--no-skip): a GPU test that cannot run on this
   # machine fails the suite instead of being skipped. (doctest counts the tests the filter left
   # out as "skipped" in its summary: that many are expected, no more.)
-  if ! "$exe" --test-suite-exclude=no_gpu,download --no-skip > "$OUT/test_$t.log" 2>&1; then status=1; fi
+  if ! "$exe" --test-suite-exclude="$left_out_suites" --no-skip > "$OUT/test_$t.log" 2>&1; then status=1; fi
   grep -E "test cases:|assertions:|Status" "$OUT/test_$t.log" | tail -3
   grep -E "ERROR|FAILED|error:" "$OUT/test_$t.log" | head -20
-  left_out="$("$exe" --test-suite=no_gpu,download --no-skip --count 2>/dev/null | sed -n 's/.*filters: *\([0-9]*\).*/\1/p')"
+  left_out="$("$exe" --test-suite="$left_out_suites" --no-skip --count 2>/dev/null | sed -n 's/.*filters: *\([0-9]*\).*/\1/p')"
   skipped="$(sed -n 's/.*| *\([0-9]*\) skipped.*/\1/p' "$OUT/test_$t.log" | tail -n1)"
   if [ "${skipped:-0}" != "${left_out:-0}" ]; then
-    echo "== $t: ${skipped:-?} test cases skipped, ${left_out:-0} expected (the no_gpu and download suites)"; status=1
+    echo "== $t: ${skipped:-?} test cases skipped, ${left_out:-0} expected (the suites $left_out_suites)"; status=1
   fi
 done
 if command -v compute-sanitizer > /dev/null; then

@@ -250,6 +250,42 @@ TEST_CASE("each pass does its rewrite and keeps the values") {
         const Tensor av = kiln::randn({3, 1}), bw = kiln::randn({1, 4});
         CHECK(kiln_test::maxdiff(run(s, {av, bw})[0], kiln::sum(av * bw, {0, 1}, true)) < 1e-5);
     }
+    SUBCASE("delay_waits: work that needs a wait moves after the work that does not; calls keep their order") {
+        ir::Graph g;
+        const int x = input(g, {3, 4}, 0);
+        auto call = [&](const char* key, std::vector<int> in, bool waits) {
+            auto op = std::make_shared<ir::CallOp>();
+            op->key = key;
+            op->waits = waits;
+            op->shape = [](const std::vector<Shape>& s) { return s[0]; };
+            op->run = [](const std::vector<Tensor>& t) { return t[0].clone(); };
+            ir::Node n;
+            n.kind = ir::Kind::call;
+            n.dtype = DType::f32;
+            n.shape = {3, 4};
+            n.in = std::move(in);
+            n.call = std::move(op);
+            return g.add(std::move(n));
+        };
+        const int start = call("start", {x}, false);
+        const int w = call("wait", {start}, true);
+        const int after = ew<ops::Exp>(g, {w}, {3, 4});        // needs the wait: goes last
+        const int indep = ew<ops::Sin>(g, {x}, {3, 4});        // does not: goes before the wait
+        const int late_call = call("later call", {x}, false);  // a call after the wait stays after it
+        g.outputs = {ew<ops::Add>(g, {after, indep}, {3, 4}), late_call};
+        const ir::Graph d = kiln::passes::delay_waits(g);
+        ir::verify(d, "delay_waits");
+        std::vector<std::string> order;
+        for (const auto& n : d.nodes)
+            order.push_back(n.kind == ir::Kind::call ? n.call->key : n.kind == ir::Kind::elementwise ? (n.op == ops::op_id<ops::Sin> ? "sin" : n.op == ops::op_id<ops::Exp> ? "exp" : "add") : "x");
+        CHECK(order == std::vector<std::string>{"x", "start", "sin", "wait", "exp", "later call", "add"});
+        const auto out = run(d, {xv});
+        CHECK(kiln_test::maxdiff(out[0], Tensor(kiln::exp(xv) + kiln::sin(xv))) < 1e-6);
+        ir::Graph none;
+        const int y = input(none, {3, 4}, 0);
+        none.outputs = {ew<ops::Sin>(none, {y}, {3, 4})};
+        CHECK(kiln::passes::delay_waits(none).size() == none.size());
+    }
     SUBCASE("the pipeline runs them all, verified after each") {
         ir::Graph g;
         const int x = input(g, {3, 4}, 0);

@@ -56,8 +56,9 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-def make(name, dev, fused):
-    """(model, optimizer, loss(x, y), x, y, flops, math, autocast) of a training workload."""
+def make(name, dev, fused, wrap=lambda m: m):
+    """(model, optimizer, loss(x, y), x, y, flops, math, autocast) of a training workload; the loss
+    calls wrap(model) (torch_ddp_anchor.py wraps it in DistributedDataParallel)."""
     torch.manual_seed(7)
     g = torch.Generator(device="cpu").manual_seed(7)
     fused = fused if dev.type == "cuda" else None
@@ -66,7 +67,8 @@ def make(name, dev, fused):
         x = torch.randn((64, 1024), generator=g).to(dev)
         y = torch.randn((64, 1024), generator=g).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
-        return model, opt, lambda inp, tgt: F.mse_loss(model(inp), tgt), x, y, 3 * 2.0 * 64 * (1024 * 4096 * 2), "f32 (no TF32)", False
+        net = wrap(model)
+        return model, opt, lambda inp, tgt: F.mse_loss(net(inp), tgt), x, y, 3 * 2.0 * 64 * (1024 * 4096 * 2), "f32 (no TF32)", False
     if name == "bert_layer_train":
         B, S, E, H, Fh = 8, 128, 768, 12, 3072
         model = BertLayer(E, H, Fh, eps=1e-5).to(dev)
@@ -74,14 +76,16 @@ def make(name, dev, fused):
         y = torch.randn((B, S, E), generator=g).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
         flops = 3 * (2.0 * B * S * (E * 3 * E + E * E + 2 * E * Fh) + 2 * 2 * B * H * S * S * (E // H))
-        return (model, opt, lambda inp, tgt: F.mse_loss(model(inp).float(), tgt), x, y, flops,
+        net = wrap(model)
+        return (model, opt, lambda inp, tgt: F.mse_loss(net(inp).float(), tgt), x, y, flops,
                 "bf16 compute (autocast), f32 master weights and AdamW state", True)
     if name == "resnet18_train":
         model = ResNet18().to(dev).train()
         x = torch.randn((16, 3, 224, 224), generator=g).to(dev)
         y = torch.randint(0, 1000, (16,), generator=g).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=fused)
-        return (model, opt, lambda inp, tgt: F.cross_entropy(model(inp), tgt), x, y, 3 * 2.0 * 1814073344 * 16,
+        net = wrap(model)
+        return (model, opt, lambda inp, tgt: F.cross_entropy(net(inp), tgt), x, y, 3 * 2.0 * 1814073344 * 16,
                 "f32, TF32 convolutions (torch's default)", False)
     raise ValueError(f"no training workload {name}")
 

@@ -109,6 +109,9 @@ public:
         reducer_->before_forward(Loc::current());
         return module_(std::forward<A>(a)...);
     }
+    /// What operator() does before the forward: rank 0's buffers to this rank. Call it yourself
+    /// where the forward runs through something else (nn::autocast's copy of the module, say).
+    void before_forward(Loc loc = Loc::current()) { reducer_->before_forward(loc); }
     M& module() { return module_; }
     const detail::Reducer& reducer() const { return *reducer_; }
 

@@ -11,8 +11,8 @@ namespace kiln::dist::detail {
 
 /// A library call run now, or recorded into the traced step (every call; two never merge).
 inline Tensor ddp_call(std::string key, std::function<Tensor(const std::vector<Tensor>&)> run, const Shape& out,
-                       const std::vector<Tensor>& operands, DType dt, const Loc& loc) {
-    return recorded_call(std::move(key), std::move(run), out, operands, dt, loc);
+                       const std::vector<Tensor>& operands, DType dt, const Loc& loc, bool waits = false) {
+    return recorded_call(std::move(key), std::move(run), out, operands, dt, loc, waits);
 }
 
 KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffers, DDPOptions o, const Loc& loc)
@@ -160,7 +160,7 @@ KILN_DECL void Reducer::finish(const Loc& loc) {
         const Tensor flat = ddp_call(
             "dist.ddp_bucket_wait(" + std::to_string(id) + ")",
             [id, loc](const std::vector<Tensor>& in) { return bucket_wait(in[0], std::vector<Tensor>(in.begin() + 1, in.end()), id, loc); },
-            Shape{b.numel}, operands, b.dtype, loc);
+            Shape{b.numel}, operands, b.dtype, loc, /*waits=*/true);
         std::int64_t o = 0;
         for (std::size_t k = 0; k < b.params.size(); ++k) {
             Tensor gr = b.grads[k];

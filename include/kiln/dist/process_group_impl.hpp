@@ -572,8 +572,9 @@ inline void all_reduce_now(Group& g, Tensor& t, ReduceOp op, std::string_view wh
 
 /// A library call under kiln::compile (every call runs it; two are never merged), else at once.
 inline Tensor recorded_call(std::string key, std::function<Tensor(const std::vector<Tensor>&)> run, Shape out,
-                            const std::vector<Tensor>& operands, DType dt, const Loc& loc) {
+                            const std::vector<Tensor>& operands, DType dt, const Loc& loc, bool waits = false) {
     auto op = std::make_shared<ir::CallOp>();
+    op->waits = waits;
     trace::Tracer* tr = trace::Tracer::active();
     op->key = std::move(key) + " #" + std::to_string(tr ? tr->graph().size() : 0);
     op->shape = [out](const std::vector<Shape>&) { return out; };

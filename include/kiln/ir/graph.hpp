@@ -89,6 +89,9 @@ struct CallOp {
     std::function<Shape(const std::vector<Shape>&)> shape;  ///< output shape from operand shapes (dynamic dims)
     std::function<std::optional<Rewrite>(const std::vector<Tensor>&, const Tensor&, const Tensor&)> fold_affine{};
     std::function<std::shared_ptr<const CallOp>()> with_relu{};
+    /// The op waits for asynchronous work an earlier op started (a collective's join): work that
+    /// does not need its result is scheduled before it (passes/delay_waits.hpp), to overlap.
+    bool waits = false;
 };
 
 /// One value of the graph. Operands always precede their users (the node list is topological).

@@ -7,6 +7,7 @@
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/printer.hpp"
 #include "kiln/ir/verify.hpp"
+#include "kiln/passes/delay_waits.hpp"
 #include "kiln/passes/eliminate_common_subexpressions.hpp"
 #include "kiln/passes/eliminate_dead_code.hpp"
 #include "kiln/passes/fold_conv_affine.hpp"
@@ -39,6 +40,7 @@ inline ir::Graph run_pipeline(ir::Graph g, const std::function<void(const std::s
     g = step("fold_constants", fold_constants(std::move(g)));
     g = step("eliminate_common_subexpressions", eliminate_common_subexpressions(g));
     g = step("eliminate_dead_code", eliminate_dead_code(g));
+    g = step("delay_waits", delay_waits(g));
     return g;
 }
 
