@@ -32,15 +32,15 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
     // buckets: parameters in reverse order (backward makes the last layers' gradients first), one
     // dtype per bucket; the first closes at first_bucket_mb, the others at bucket_cap_mb
     bucket_of_.assign(params_.size(), -1);
-    std::vector<int> open;  // per dtype: its open bucket
+    std::vector<std::pair<DType, int>> open;  // per dtype: its open bucket (-1: none)
     for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
         const Tensor& p = params_[static_cast<std::size_t>(i)];
         int* slot = nullptr;
-        for (int& b : open)
-            if (buckets_[static_cast<std::size_t>(b)].dtype == p.dtype()) slot = &b;
+        for (auto& [dt, b] : open)
+            if (dt == p.dtype()) slot = &b;
         if (slot == nullptr) {
-            open.push_back(-1);
-            slot = &open.back();
+            open.emplace_back(p.dtype(), -1);
+            slot = &open.back().second;
         }
         if (*slot < 0) {
             buckets_.push_back({});

@@ -582,11 +582,27 @@ inline Tensor recorded_call(std::string key, std::function<Tensor(const std::vec
     return trace::call_op(std::move(op), operands, dt, loc, /*every_call=*/true);
 }
 
-inline Tensor all_reduce_copy(const Tensor& t, ReduceOp op, const Loc& loc) {
-    Group& g = group("all_reduce", loc);
-    Tensor c = t.clone();
-    all_reduce_now(g, c, op, "all_reduce", loc);
-    return c;
+/// An in-place collective on t: under kiln::compile a recorded call computing t's new value from
+/// a copy (written back into t); otherwise on t's own memory (through a contiguous copy when t is
+/// strided). now(c) runs the collective on a contiguous tensor c in place.
+template <class Now>
+void in_place_collective(Tensor& t, std::string key, Now now, const Loc& loc) {
+    if (trace::Tracer::active()) {
+        const Tensor r = recorded_call(
+            std::move(key),
+            [now](const std::vector<Tensor>& in) {
+                Tensor c = in[0].clone();
+                now(c);
+                return c;
+            },
+            t.shape(), {t}, t.dtype(), loc);
+        t.copy_(r, loc);
+        return;
+    }
+    if (t.is_contiguous()) return now(t);
+    Tensor c = t.contiguous();
+    now(c);
+    t.copy_(c, loc);
 }
 
 inline void broadcast_now(Group& g, Tensor& t, int src, std::string_view what, const Loc& loc) {
@@ -661,17 +677,8 @@ KILN_DECL void all_reduce(Tensor& t, ReduceOp op, Loc loc) {
     Group& g = group("all_reduce", loc);
     check_tensor(g, "all_reduce", t, loc);
     check_reduce("all_reduce", op, t.dtype(), loc);
-    if (trace::Tracer::active()) {
-        const Tensor r = recorded_call(std::string("dist.all_reduce(") + reduce_op_name(op) + ")",
-                                       [op, loc](const std::vector<Tensor>& in) { return all_reduce_copy(in[0], op, loc); }, t.shape(), {t},
-                                       t.dtype(), loc);
-        t.copy_(r, loc);
-        return;
-    }
-    if (t.is_contiguous()) return all_reduce_now(g, t, op, "all_reduce", loc);
-    Tensor c = t.contiguous();
-    all_reduce_now(g, c, op, "all_reduce", loc);
-    t.copy_(c, loc);
+    in_place_collective(t, std::string("dist.all_reduce(") + reduce_op_name(op) + ")",
+                        [op, loc](Tensor& c) { all_reduce_now(group("all_reduce", loc), c, op, "all_reduce", loc); }, loc);
 }
 
 KILN_DECL void broadcast(Tensor& t, int src, Loc loc) {
@@ -680,21 +687,8 @@ KILN_DECL void broadcast(Tensor& t, int src, Loc loc) {
     check_tensor(g, "broadcast", t, loc);
     if (src < 0 || src >= g.world)
         kiln::detail::fail<ValueError>("broadcast", "src " + std::to_string(src) + " is not a rank (world_size " + std::to_string(g.world) + ")", loc);
-    if (trace::Tracer::active()) {
-        const Tensor r = recorded_call("dist.broadcast(src=" + std::to_string(src) + ")",
-                                       [src, loc](const std::vector<Tensor>& in) {
-                                           Tensor c = in[0].clone();
-                                           broadcast_now(group("broadcast", loc), c, src, "broadcast", loc);
-                                           return c;
-                                       },
-                                       t.shape(), {t}, t.dtype(), loc);
-        t.copy_(r, loc);
-        return;
-    }
-    if (t.is_contiguous()) return broadcast_now(g, t, src, "broadcast", loc);
-    Tensor c = t.contiguous();
-    broadcast_now(g, c, src, "broadcast", loc);
-    t.copy_(c, loc);
+    in_place_collective(t, "dist.broadcast(src=" + std::to_string(src) + ")",
+                        [src, loc](Tensor& c) { broadcast_now(group("broadcast", loc), c, src, "broadcast", loc); }, loc);
 }
 
 KILN_DECL Tensor all_gather(const Tensor& t, Loc loc) {

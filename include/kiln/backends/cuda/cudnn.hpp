@@ -132,13 +132,8 @@ inline Lib load() {
     std::vector<std::string> names;
     if (!e.empty() && e != "1" && e != "on") names.push_back(e);
     else names = {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"};
-    std::string why;
-    for (const std::string& n : names) {
-        l.handle = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (l.handle) break;
-        const char* d = ::dlerror();
-        why += (why.empty() ? "" : "; ") + std::string(d ? d : n);
-    }
+    std::string why, path;
+    l.handle = cuda::detail::dlopen_first(names, path, why);
     if (!l.handle) {
         l.error = "cuDNN not found (" + why + ")";
         return l;

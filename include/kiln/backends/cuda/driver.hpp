@@ -129,6 +129,20 @@ struct Driver {
 
 KILN_DECL Driver load_driver();
 
+/// Loads the first of `names` that dlopen finds (RTLD_NOW | RTLD_LOCAL), its name in `path`; null
+/// when none loads, every failure then in `why` (the optional libraries: cuDNN, NCCL).
+inline void* dlopen_first(const std::vector<std::string>& names, std::string& path, std::string& why) {
+    for (const std::string& n : names) {
+        if (void* h = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+            path = n;
+            return h;
+        }
+        const char* d = ::dlerror();
+        why += (why.empty() ? "" : "; ") + std::string(d ? d : n);
+    }
+    return nullptr;
+}
+
 /// The process's driver, loaded on first use (never unloaded). Does not throw.
 inline const Driver& driver_state() {
     static const Driver d = load_driver();

@@ -79,15 +79,7 @@ inline std::vector<std::string> candidates() {
 inline Lib load() {
     Lib l;
     std::string why;
-    for (const std::string& n : candidates()) {
-        l.handle = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (l.handle) {
-            l.path = n;
-            break;
-        }
-        const char* d = ::dlerror();
-        why += (why.empty() ? "" : "; ") + std::string(d ? d : n);
-    }
+    l.handle = cuda::detail::dlopen_first(candidates(), l.path, why);
     if (!l.handle) {
         l.error = "NCCL not found (" + why + "); set KILN_NCCL to libnccl.so.2's path";
         return l;
