@@ -3,6 +3,7 @@
 //   kiln_dist_worker collectives --device cpu|cuda
 //   kiln_dist_worker train --model mlp|bert --mode eager|compiled|reduce_overhead --device cpu|cuda [--steps N]
 //   kiln_dist_worker die --at STEP --mode ... --device ...   (rank 1 exits at STEP; the others must raise DistError)
+//                        [--stall S]                        (rank 1 sleeps S seconds at STEP instead: the others time out)
 //   kiln_dist_worker mismatch                                 (rank 1 claims world_size + 1)
 //   kiln_dist_worker duplicate                                (the last rank claims rank 1 as well)
 //
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <unistd.h>
 
 #include <kiln/dist.hpp>
@@ -225,9 +227,15 @@ std::pair<std::vector<Tensor>, std::vector<float>> train(const std::string& name
     const auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; ++s) {
         if (s == die_at && me == 1) {
-            std::printf("rank 1: exiting at step %d without a goodbye\n", s);
-            std::fflush(stdout);
-            ::_exit(3);
+            if (const double stall = std::atof(arg("stall", "0").c_str()); stall > 0) {  // alive, but late: the others time out
+                std::printf("rank 1: stalling %.1f s at step %d\n", stall, s);
+                std::fflush(stdout);
+                std::this_thread::sleep_for(std::chrono::duration<double>(stall));
+            } else {
+                std::printf("rank 1: exiting at step %d without a goodbye\n", s);
+                std::fflush(stdout);
+                ::_exit(3);
+            }
         }
         auto [x, y] = batch(name, s, dist::world_size(), dev);  // the global batch (the reference takes all of it)
         const std::int64_t per = x.size(0) / world;

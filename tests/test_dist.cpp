@@ -297,6 +297,14 @@ TEST_CASE("dist, CPU: a rank that exits makes the others raise DistError naming 
     }
 }
 
+TEST_CASE("dist, CPU: a rank that stops answering makes the others raise DistError after the timeout") {
+    const Run r = run_workers(2, "die --device cpu --at 3 --timeout 1.5 --stall 4 --mode eager", 60);
+    INFO(r.all());
+    CHECK(has(r.logs[0], "EXPECTED DistError"));
+    CHECK(has(r.logs[0], "waited 1.5"));
+    CHECK(has(r.logs[0], "a rank did not reach this point"));
+}
+
 TEST_CASE("dist::init across processes: a world size mismatch and a rank started twice fail every rank") {
     Run r = run_workers(2, "mismatch --device cpu --timeout 20");
     INFO(r.all());

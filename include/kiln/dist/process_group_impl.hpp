@@ -212,7 +212,7 @@ inline void watchdog_loop(Group* gp) {
                 if (q == cuda::detail::cuda_error_not_ready) {
                     const double waited = std::chrono::duration<double>(Clock::now() - f.t0).count();
                     if (waited > g.timeout_s && !g.failed) {
-                        const std::string why = f.what + " did not finish within " + std::to_string(g.timeout_s) +
+                        const std::string why = f.what + " did not finish within " + store_detail::seconds_text(g.timeout_s) +
                                                 " s (a rank stopped calling collectives, or is stuck)";
                         l.unlock();
                         fail_group(g, why, true);
@@ -285,7 +285,7 @@ inline int read_port(const std::string& dir, double timeout_s) {
         int port = -1;
         if (f >> port && port > 0) return port;
         if (Clock::now() > deadline)
-            throw DistError("rank 0 did not publish its store's port in " + path + " within " + std::to_string(timeout_s) + " s");
+            throw DistError("rank 0 did not publish its store's port in " + path + " within " + store_detail::seconds_text(timeout_s) + " s");
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
 }
@@ -318,7 +318,7 @@ inline void join(Group& g) {
             text = s.get("rank/" + std::to_string(r), g.timeout_s);
         } catch (const DistError& e) {
             if (std::string(e.what()).rfind("waited", 0) == 0)
-                throw DistError("rank " + std::to_string(r) + " did not join within " + std::to_string(g.timeout_s) + " s");
+                throw DistError("rank " + std::to_string(r) + " did not join within " + store_detail::seconds_text(g.timeout_s) + " s");
             throw;
         }
         return std::atoi(text.c_str());

@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -75,6 +76,13 @@ inline bool recv_all(int fd, char* out, std::size_t n, Clock::time_point deadlin
         off += static_cast<std::size_t>(k);
     }
     return true;
+}
+
+/// "1.5" for 1.5 seconds (messages).
+inline std::string seconds_text(double s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", s);
+    return b;
 }
 
 inline int millis(double seconds) {
@@ -348,7 +356,7 @@ KILN_DECL StoreClient::StoreClient(const std::string& host, int port, double con
     }
     ::freeaddrinfo(res);
     if (fd_ < 0)
-        throw DistError("cannot reach the store at " + address_ + " within " + std::to_string(connect_timeout_s) + " s (" + why +
+        throw DistError("cannot reach the store at " + address_ + " within " + store_detail::seconds_text(connect_timeout_s) + " s (" + why +
                         "); is rank 0 running?");
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -402,7 +410,7 @@ KILN_DECL std::string StoreClient::get(const std::string& key, double timeout_s)
     const int ms = store_detail::millis(timeout_s);
     Reply r = request(store_detail::get, key, std::to_string(ms), ms < 0 ? -1.0 : timeout_s);
     if (r.status == store_detail::timed_out)
-        throw DistError("waited " + std::to_string(timeout_s) + " s for '" + key + "' in the store; a rank did not reach this point");
+        throw DistError("waited " + store_detail::seconds_text(timeout_s) + " s for '" + key + "' in the store; a rank did not reach this point");
     return std::move(r.value);
 }
 KILN_DECL std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
