@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -418,6 +419,14 @@ KILN_DECL void init(int rank, int world_size, InitOptions o, Loc loc) {
         g->watch->hello(rank);
         g->watch->watch();
     } catch (const DistError& e) {
+        // rank 0 keeps its store up until the other ranks have heard why (or a short while)
+        if (g->server) {
+            try {
+                if (g->store) g->store->bye();
+            } catch (const Error&) {
+            }
+            g->server->wait_for_ranks(std::min(g->timeout_s, 10.0));
+        }
         kiln::detail::fail<DistError>("dist::init", std::string(e.what()) + " (rank " + std::to_string(rank) + " of " +
                                                         std::to_string(world_size) + ")", loc);
     }
@@ -460,7 +469,8 @@ inline void leave(std::unique_ptr<Group>& slot, bool at_exit) {
         g.watch->bye();
     } catch (const Error&) {
     }
-    if (g.server) g.server->wait_for_ranks(g.timeout_s);
+    // rank 0's store stays up until every rank has said goodbye (or, after a failure, gone)
+    if (g.server) g.server->wait_for_ranks(g.failed ? std::min(g.timeout_s, 10.0) : g.timeout_s);
     if (!at_exit) cuda::detail::before_replay_hook() = nullptr;
     if (at_exit) g.comm = nullptr;  // the process ends: NCCL's resources go with it
     slot.reset();

@@ -25,7 +25,7 @@ public:
     StoreServer& operator=(const StoreServer&) = delete;
     int port() const { return port_; }
     /// Waits until every connection that named its rank has said bye or closed (each rank's
-    /// orderly exit), at most timeout_s.
+    /// exit, orderly or after a failure the store told it of), at most timeout_s.
     KILN_DECL void wait_for_ranks(double timeout_s);
 
     struct State;

@@ -323,7 +323,7 @@ KILN_DECL void StoreServer::wait_for_ranks(double timeout_s) {
             std::lock_guard l(s_->m);
             bool pending = false;
             for (const auto& [fd, c] : s_->conns) pending = pending || (c.rank >= 0 && !c.bye);
-            if (!pending || !s_->failure.empty()) return;
+            if (!pending) return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
