@@ -4,6 +4,7 @@
 //   kiln_dist_worker train --model mlp|bert --mode eager|compiled|reduce_overhead --device cpu|cuda [--steps N]
 //   kiln_dist_worker die --at STEP --mode ... --device ...   (rank 1 exits at STEP; the others must raise DistError)
 //                        [--stall S]                        (rank 1 sleeps S seconds at STEP instead: the others time out)
+//   kiln_dist_worker no_sync --device cpu|cuda                (DataParallel's no_sync and buffers)
 //   kiln_dist_worker mismatch                                 (rank 1 claims world_size + 1)
 //   kiln_dist_worker duplicate                                (the last rank claims rank 1 as well)
 //
@@ -291,6 +292,58 @@ void die() {
     }
 }
 
+/// no_sync accumulates locally and the next backward averages the sum; before_forward brings rank
+/// 0's buffers to every rank.
+void no_sync_and_buffers() {
+    const kiln::Device dev = device();
+    const int me = dist::rank();
+    auto batch_of = [&](int micro) {
+        kiln::manual_seed(50 + 10 * static_cast<std::uint64_t>(me) + static_cast<std::uint64_t>(micro));  // different on every rank
+        return std::pair{kiln::randn({4, 16}).to(dev), kiln::randn({4, 8}).to(dev)};
+    };
+    kiln::manual_seed(1);
+    kiln::nn::Mlp m(16, 32, 8, {kiln::DType::f32, dev}), local = m;
+    local.fc1.weight = m.fc1.weight.clone();
+    local.fc1.bias = m.fc1.bias.clone();
+    local.fc2.weight = m.fc2.weight.clone();
+    local.fc2.bias = m.fc2.bias.clone();
+    dist::DataParallel ddp(m);
+    (void)kiln::nn::parameters(local);
+    auto grads_equal_on_every_rank = [&](const Tensor& g) {
+        const Tensor all = dist::all_gather(g);
+        for (int r = 1; r < dist::world_size(); ++r)
+            if (rel_diff(all.select(0, r), all.select(0, 0)) > 0) return false;
+        return true;
+    };
+    {
+        auto off = ddp.no_sync();
+        auto [x, y] = batch_of(0);
+        kiln::nn::mse_loss(ddp(x), y).backward();
+        if (grads_equal_on_every_rank(m.fc1.weight.grad())) failed("no_sync: the gradients were averaged");
+    }
+    auto [x1, y1] = batch_of(1);
+    kiln::nn::mse_loss(ddp(x1), y1).backward();
+    // the expected gradient: this rank's two micro-batches accumulated, averaged over the ranks
+    for (int micro : {0, 1}) {
+        auto [x, y] = batch_of(micro);
+        kiln::nn::mse_loss(local(x), y).backward();
+    }
+    for (auto [got, mine] : {std::pair{m.fc1.weight.grad(), local.fc1.weight.grad()}, std::pair{m.fc2.bias.grad(), local.fc2.bias.grad()}}) {
+        Tensor expected = mine.clone();
+        dist::all_reduce(expected, dist::ReduceOp::avg);
+        if (rel_diff(got, expected) > 1e-6) failed("no_sync then a synced backward: off by " + std::to_string(rel_diff(got, expected)));
+    }
+    // buffers: every rank gets rank 0's at construction and before each forward
+    kiln::nn::BatchNorm2d bn(3, {kiln::DType::f32, dev});
+    bn.running_mean.fill_(static_cast<double>(me + 1));
+    dist::DataParallel dbn(bn);
+    if (bn.running_mean.cpu().item<float>(0) != 1.0f) failed("buffers after construction are not rank 0's");
+    bn.running_var.fill_(static_cast<double>(10 + me));
+    dbn.before_forward();
+    if (bn.running_var.cpu().item<float>(2) != 10.0f) failed("buffers before a forward are not rank 0's");
+    std::printf("rank %d: no_sync and buffers ok\n", me);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,6 +371,7 @@ int main(int argc, char** argv) {
         if (cmd == "collectives") collectives();
         else if (cmd == "train") train_check();
         else if (cmd == "die") die();
+        else if (cmd == "no_sync") no_sync_and_buffers();
         else failed("unknown command " + cmd);
         dist::destroy();
     } catch (const std::exception& e) {

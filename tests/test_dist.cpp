@@ -285,6 +285,13 @@ TEST_CASE("DataParallel, 2 CPU processes: 20 steps equal one process on the glob
         }
 }
 
+TEST_CASE("DataParallel, 2 CPU processes: no_sync accumulates locally, the next backward averages the sum; buffers are rank 0's") {
+    const Run r = run_workers(2, "no_sync --device cpu");
+    INFO(r.all());
+    CHECK(r.status == 0);
+    for (int k = 0; k < 2; ++k) CHECK(has(r.logs[static_cast<std::size_t>(k)], "no_sync and buffers ok"));
+}
+
 TEST_CASE("dist, CPU: a rank that exits makes the others raise DistError naming it (eager and compiled)") {
     for (const char* mode : {"eager", "compiled"}) {
         const Run r = run_workers(3, std::string("die --device cpu --at 3 --timeout 120 --mode ") + mode, 60);
