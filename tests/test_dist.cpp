@@ -310,6 +310,8 @@ TEST_CASE("dist, CPU: a rank that stops answering makes the others raise DistErr
     CHECK(has(r.logs[0], "EXPECTED DistError"));
     CHECK(has(r.logs[0], "waited 1.5"));
     CHECK(has(r.logs[0], "a rank did not reach this point"));
+    CHECK(has(r.logs[0], "kiln::DataParallel:"));
+    CHECK(has(r.logs[0], "at dist_worker.cpp:"));  // the user's backward() line
 }
 
 TEST_CASE("dist::init across processes: a world size mismatch and a rank started twice fail every rank") {

@@ -138,6 +138,12 @@ KILN_DECL int register_post_accumulate_grad_hook(Tensor& leaf, std::function<voi
                                                  std::source_location loc = std::source_location::current());
 /// Removes a hook registered on leaf (an unknown id does nothing).
 KILN_DECL void remove_post_accumulate_grad_hook(const Tensor& leaf, int id);
+namespace detail {
+/// Where the backward pass running on this thread was called (the user's backward() or grad()
+/// line), for errors raised by hooks and callbacks; nullptr outside a backward pass.
+KILN_DECL const std::source_location* backward_location();
+}  // namespace detail
+
 /// Runs f once the backward pass running on this thread has finished, after every gradient was
 /// accumulated (torch's Variable._execution_engine.queue_callback); callbacks run in the order they
 /// were queued. GradError outside a backward pass.

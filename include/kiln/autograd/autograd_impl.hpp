@@ -463,15 +463,27 @@ inline std::vector<std::function<void()>>*& queued_callbacks() {
     thread_local std::vector<std::function<void()>>* q = nullptr;
     return q;
 }
+/// Where the backward pass running on this thread was called (see backward_location()).
+inline const std::source_location*& backward_location_slot() {
+    thread_local const std::source_location* loc = nullptr;
+    return loc;
+}
+KILN_DECL const std::source_location* backward_location() { return backward_location_slot(); }
 
 namespace {
 
-/// Sets queued_callbacks() for one backward pass and runs what was queued when the pass is done
-/// (each callback may queue more).
+/// Sets queued_callbacks() and backward_location() for one backward pass and runs what was queued
+/// when the pass is done (each callback may queue more).
 class CallbackQueue {
 public:
-    CallbackQueue() : prev_(queued_callbacks()) { queued_callbacks() = &q_; }
-    ~CallbackQueue() { queued_callbacks() = prev_; }
+    explicit CallbackQueue(const std::source_location& loc) : prev_(queued_callbacks()), prev_loc_(backward_location_slot()) {
+        queued_callbacks() = &q_;
+        backward_location_slot() = &loc;
+    }
+    ~CallbackQueue() {
+        queued_callbacks() = prev_;
+        backward_location_slot() = prev_loc_;
+    }
     CallbackQueue(const CallbackQueue&) = delete;
     CallbackQueue& operator=(const CallbackQueue&) = delete;
     void run() {
@@ -484,6 +496,7 @@ public:
 
 private:
     std::vector<std::function<void()>>* prev_;
+    const std::source_location* prev_loc_;
     std::vector<std::function<void()>> q_;
 };
 
@@ -498,7 +511,7 @@ void run_post_accumulate(const Meta& m) {
 KILN_DECL std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
                                            const std::vector<Tensor>& inputs, const std::source_location& loc) {
     const no_grad off;
-    CallbackQueue callbacks;
+    CallbackQueue callbacks(loc);
     const bool capture = !inputs.empty();
     std::map<const void*, std::size_t> target;  // leaf Meta or Node -> index into inputs
     for (std::size_t i = 0; i < inputs.size(); ++i) {

@@ -59,7 +59,13 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
     marked_.assign(params_.size(), 0);
     for (std::size_t i = 0; i < params_.size(); ++i)
         hooks_.push_back(autograd::register_post_accumulate_grad_hook(
-            params_[i], [this, i, loc](const Tensor&) { on_ready(static_cast<int>(i), loc); }, loc));
+            params_[i],
+            [this, i, loc](const Tensor&) {
+                // errors of the bucket's collectives name the user's backward() (or else the construction)
+                const Loc* b = autograd::detail::backward_location();
+                on_ready(static_cast<int>(i), b ? *b : loc);
+            },
+            loc));
     if (debug::log_on("dist")) {
         std::string s;
         for (const Bucket& b : buckets_) s += " " + std::to_string(b.params.size()) + " (" + std::to_string(b.numel) + " elements)";
