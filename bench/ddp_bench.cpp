@@ -8,7 +8,8 @@
 //
 // Options: --workloads mlp_train,bert_layer_train,resnet18_train  --methods compiled,reduce_overhead
 // (eager too)  --min-time 0.3 (seconds per throughput run)  --ddp (DataParallel also for one process)
-// --bucket-mb 25 --first-bucket-mb 1 (DDPOptions).
+// --bucket-mb 25 --first-bucket-mb 1 (DDPOptions)  --batch N (per-GPU batch; default: the
+// workload's, bench/train_workloads.hpp).
 // Timing, the same on every rank (collectives need every rank to take the same steps): latency =
 // CUDA events around each step, synchronized after each (20 steps, median); throughput = n steps
 // back to back between two events after a barrier, n fixed by rank 0 from the latency so a run
@@ -70,11 +71,12 @@ struct Row {
     float loss_first = 0, loss_last = 0;
 };
 
-Row run(const std::string& name, const std::string& method, bool ddp, double min_time, const dist::DDPOptions& options) {
+Row run(const std::string& name, const std::string& method, bool ddp, double min_time, const dist::DDPOptions& options, std::int64_t batch) {
     const kiln::Device dev = dist::device();
     const int dv = dev.index;
     kiln::cuda::set_allow_tf32(name == "resnet18_train");
-    Trainer t = ddp ? kiln_bench::make_trainer(name, dev, DataParallelWrap{options}) : kiln_bench::make_trainer(name, dev);
+    Trainer t = ddp ? kiln_bench::make_trainer(name, dev, DataParallelWrap{options}, batch)
+                    : kiln_bench::make_trainer(name, dev, kiln_bench::Plain{}, batch);
     std::function<Tensor()> step;
     std::shared_ptr<kiln::Compiled<std::function<Tensor(const Tensor&, const Tensor&)>>> c;
     if (method == "eager") {
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
                                          {"min-time", "0.3"},
                                          {"bucket-mb", "25"},
                                          {"first-bucket-mb", "1"},
+                                         {"batch", "0"},
                                          {"json", ""}};
     bool force_ddp = false;
     for (int i = 1; i < argc; ++i) {
@@ -179,7 +182,7 @@ int main(int argc, char** argv) {
         std::vector<Row> rows;
         for (const std::string& w : split(a["workloads"]))
             for (const std::string& m : split(a["methods"])) {
-                rows.push_back(run(w, m, ddp, std::atof(a["min-time"].c_str()), options));
+                rows.push_back(run(w, m, ddp, std::atof(a["min-time"].c_str()), options, std::atoll(a["batch"].c_str())));
                 const Row& r = rows.back();
                 if (dist::rank() == 0)
                     std::printf("%-17s %-16s %d GPU%s %s: step %9.1f us (latency %9.1f), %9.0f samples/s, %6.1f TFLOP/s per GPU, peak %7.1f MiB, "

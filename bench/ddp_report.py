@@ -3,7 +3,7 @@
 
     python3 bench/ddp_report.py --kiln one.json two.json --torch t1.json t2.json [--out report.md]
 
-For each workload: the best method's samples/s on each side at each world size, the scaling
+For each workload and per-GPU batch: the best method's samples/s on each side at each world size, the scaling
 against the same side's one-GPU figure (N GPUs: samples/s(N) / samples/s(1); ideal N), and kiln
 against torch at the same world size (same per-GPU batch, so the same global batch). Then every
 row. Throughput figures only (calls back to back), the same method on both sides."""
@@ -23,7 +23,9 @@ def load(paths, side):
 
 
 def best(rows, side, workload, world):
-    c = [r for r in rows if r["side"] == side and r["workload"] == workload and r["world_size"] == world and "samples_per_s" in r]
+    """workload: (name, per-GPU batch)"""
+    c = [r for r in rows if r["side"] == side and (r["workload"], r.get("batch_per_gpu")) == workload and r["world_size"] == world
+         and "samples_per_s" in r]
     return max(c, key=lambda r: r["samples_per_s"]) if c else None
 
 
@@ -35,7 +37,7 @@ def main():
     a = ap.parse_args()
     rows = load(a.kiln, "kiln") + load(a.torch, "torch")
     worlds = sorted({r["world_size"] for r in rows})
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    workloads = list(dict.fromkeys((r["workload"], r.get("batch_per_gpu")) for r in rows if "batch_per_gpu" in r))
     out = []
     head = "| workload | per-GPU batch |"
     for w in worlds:
@@ -46,9 +48,7 @@ def main():
     out.append(head)
     out.append("|" + "---|" * (head.count("|") - 1))
     for wl in workloads:
-        line = f"| {wl} |"
-        b = best(rows, "kiln", wl, worlds[0]) or best(rows, "torch", wl, worlds[0])
-        line += f" {b['batch_per_gpu'] if b else '-'} |"
+        line = f"| {wl[0]} | {wl[1]} |"
         for w in worlds:
             for side in ("kiln", "torch"):
                 r = best(rows, side, wl, w)
@@ -65,13 +65,13 @@ def main():
             line += " " + " | ".join(cells) + " |"
         out.append(line)
     out.append("")
-    out.append("| side | workload | method | GPUs | step us (throughput) | latency us | samples/s | TFLOP/s per GPU | peak MiB | first step ms |")
-    out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in sorted(rows, key=lambda r: (r["workload"], r["side"], r["method"], r["world_size"])):
+    out.append("| side | workload | per-GPU batch | method | GPUs | step us (throughput) | latency us | samples/s | TFLOP/s per GPU | peak MiB | first step ms |")
+    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in sorted(rows, key=lambda r: (r["workload"], r.get("batch_per_gpu", 0), r["side"], r["method"], r["world_size"])):
         if "error" in r:
-            out.append(f"| {r['side']} | {r['workload']} | {r['method']} | {r['world_size']} | failed: {r['error'][:120]} | | | | | |")
+            out.append(f"| {r['side']} | {r['workload']} | {r.get('batch_per_gpu', '-')} | {r['method']} | {r['world_size']} | failed: {r['error'][:120]} | | | | | |")
             continue
-        out.append(f"| {r['side']} | {r['workload']} | {r['method']} | {r['world_size']} | {r['step_us']:.1f} | {r['latency_us']:.1f} | "
+        out.append(f"| {r['side']} | {r['workload']} | {r['batch_per_gpu']} | {r['method']} | {r['world_size']} | {r['step_us']:.1f} | {r['latency_us']:.1f} | "
                    f"{r['samples_per_s']:.0f} | {r.get('tflops_per_gpu', 0):.1f} | {r['peak_mem_mib']:.1f} | {r['first_step_ms']:.0f} |")
     text = "\n".join(out) + "\n"
     print(text)

@@ -10,6 +10,7 @@
 //                    (TF32 GEMMs on the GPU, as torch's default TF32 convolutions), cross-entropy over
 //                    1000 classes, SGD (lr 0.01, momentum 0.9)
 // The batch sizes are per process: a data-parallel step on N GPUs trains N times as many samples.
+// make_trainer's `batch` replaces a workload's batch (kiln_ddp_bench --batch; 0 keeps it).
 #pragma once
 
 #include <functional>
@@ -51,9 +52,11 @@ struct Plain {
 };
 
 /// The workload `name` on dev, its weights and data from seed 7; `wrap(module, forward, keep)`
-/// makes the forward the loss calls (keep holds what it needs alive).
+/// makes the forward the loss calls (keep holds what it needs alive); `batch` > 0 replaces the
+/// workload's batch (sequences for the BERT layer, images for ResNet-18).
 template <class Wrap = Plain>
-Trainer make_trainer(const std::string& name, kiln::Device dev, Wrap wrap = {}) {
+Trainer make_trainer(const std::string& name, kiln::Device dev, Wrap wrap = {}, std::int64_t batch = 0) {
+    const auto pick = [batch](std::int64_t d) { return batch > 0 ? batch : d; };
     kiln::manual_seed(7);
     Trainer t;
     const kiln::nn::Init f32{kiln::DType::f32, dev};
@@ -63,12 +66,13 @@ Trainer make_trainer(const std::string& name, kiln::Device dev, Wrap wrap = {}) 
         auto fwd = wrap(m, [](kiln::nn::Mlp& mod, const Tensor& x) { return mod(x); }, t.ddp);
         t.opt = std::make_shared<kiln::nn::AdamW>(kiln::nn::parameters(*m), kiln::nn::AdamW::Options{.lr = 1e-4});
         t.loss = [fwd](const Tensor& x, const Tensor& y) { return kiln::nn::mse_loss(fwd(x), y); };
-        t.x = kiln::randn({64, 1024}).to(dev);
-        t.y = kiln::randn({64, 1024}).to(dev);
-        t.flops = 3 * 2.0 * 64 * (1024.0 * 4096 * 2);  // forward + backward (2x forward)
+        const std::int64_t B = pick(64);
+        t.x = kiln::randn({B, 1024}).to(dev);
+        t.y = kiln::randn({B, 1024}).to(dev);
+        t.flops = 3 * 2.0 * static_cast<double>(B) * (1024.0 * 4096 * 2);  // forward + backward (2x forward)
         t.math = "f32 (no TF32)";
     } else if (name == "bert_layer_train") {
-        const std::int64_t B = 8, S = 128, E = 768, H = 12, F = 3072;
+        const std::int64_t B = pick(8), S = 128, E = 768, H = 12, F = 3072;
         auto m = std::make_shared<kiln::nn::BertLayer>(E, H, F, 1e-5, f32);
         t.model = m;
         auto fwd = wrap(m, [](kiln::nn::BertLayer& mod, const Tensor& x) {
@@ -89,9 +93,10 @@ Trainer make_trainer(const std::string& name, kiln::Device dev, Wrap wrap = {}) 
         auto fwd = wrap(m, [](kiln::nn::ResNet18& mod, const Tensor& x) { return mod(x); }, t.ddp);
         t.opt = std::make_shared<kiln::nn::SGD>(kiln::nn::parameters(*m), kiln::nn::SGD::Options{.lr = 0.01, .momentum = 0.9});
         t.loss = [fwd](const Tensor& x, const Tensor& y) { return kiln::nn::cross_entropy(fwd(x), y); };
-        t.x = kiln::randn({16, 3, 224, 224}).to(dev);
-        t.y = kiln::randint(0, 1000, {16}).to(dev);
-        t.flops = 3 * 2.0 * 1814073344.0 * 16;  // 3x the forward's 2 * MACs (torch_anchor.py counts 1,814,073,344 per image)
+        const std::int64_t B = pick(16);
+        t.x = kiln::randn({B, 3, 224, 224}).to(dev);
+        t.y = kiln::randint(0, 1000, {B}).to(dev);
+        t.flops = 3 * 2.0 * 1814073344.0 * static_cast<double>(B);  // 3x the forward's 2 * MACs (torch_anchor.py counts 1,814,073,344 per image)
         t.math = dev.is_cuda() ? "f32, TF32 GEMMs (as torch's default TF32 convolutions)" : "f32";
         t.tol = 1e-3;
     }

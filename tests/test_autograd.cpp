@@ -325,6 +325,52 @@ TEST_CASE("autograd: post-accumulate hooks run once per backward, after the last
     CHECK_THROWS_WITH_AS(autograd::register_post_accumulate_grad_hook(mid, [](const Tensor&) {}), doctest::Contains("needs a leaf"), GradError);
 }
 
+TEST_CASE("autograd: set_grad_buffer makes backward write a new gradient into the given memory, eager and compiled") {
+    for (const bool compiled : {false, true}) {
+        CAPTURE(compiled);
+        Tensor w = full({2, 3}, 1.5), u = full({3}, 2.0);
+        w.requires_grad_();
+        u.requires_grad_();
+        Tensor memory = full({9}, -7.0);  // both gradients views of one tensor, as DataParallel's buckets
+        autograd::set_grad_buffer(w, memory.slice(0, 0, 6).view({2, 3}));
+        autograd::set_grad_buffer(u, memory.slice(0, 6, 9));
+        auto step = [&](const Tensor& x) {
+            nn::zero_grad({w, u});
+            Tensor l = sum(Tensor(w * x + u));
+            l.backward();
+            return l.detach();
+        };
+        auto c = kiln::compile(step);
+        for (int k = 1; k <= 3; ++k) {
+            const Tensor x = Tensor(arange(0, 6).view({2, 3}) * static_cast<double>(k));
+            (void)(compiled ? c(x) : step(x));
+            REQUIRE(w.grad().defined());
+            CHECK(w.grad().storage() == memory.storage());
+            CHECK(u.grad().storage() == memory.storage());
+            CHECK(maxdiff(memory.slice(0, 0, 6).view({2, 3}), x) == 0);   // d/dw = x
+            CHECK(maxdiff(memory.slice(0, 6, 9), full({3}, 2.0)) == 0);  // d/du = 2 (two rows)
+        }
+    }
+    // a gradient that exists is added to where it is; the buffer is only for a new one
+    Tensor w = full({3}, 1.0);
+    w.requires_grad_();
+    Tensor buf = zeros({3});
+    autograd::set_grad_buffer(w, buf);
+    sum(Tensor(w * 2.0)).backward();
+    sum(Tensor(w * 3.0)).backward();
+    CHECK(w.grad().is_same(buf));
+    CHECK(buf.item<double>(0) == 5.0);
+    autograd::set_grad_buffer(w, Tensor());  // removed: the next new gradient has memory of its own
+    w.set_grad(Tensor());
+    sum(Tensor(w * 4.0)).backward();
+    CHECK(w.grad().storage() != buf.storage());
+    CHECK(buf.item<double>(0) == 5.0);
+    CHECK_THROWS_WITH_AS(autograd::set_grad_buffer(w, zeros({4})), doctest::Contains("must match the parameter ((3,), float32, cpu)"), ShapeError);
+    CHECK_THROWS_WITH_AS(autograd::set_grad_buffer(w, zeros({3}, DType::f64)), doctest::Contains("set_grad_buffer"), DTypeError);
+    Tensor mid = Tensor(w * 2.0);
+    CHECK_THROWS_WITH_AS(autograd::set_grad_buffer(mid, zeros({3})), doctest::Contains("needs a leaf"), GradError);
+}
+
 TEST_CASE("autograd: errors name the op, the dtype or shape, and the user's line") {
     Tensor x = full({3}, 1.0);
     x.requires_grad_();

@@ -115,7 +115,44 @@ void ddp_of_one_matches_module(kiln::Device dev, std::optional<kiln::Mode> mode,
     }
     CHECK(kiln_test::maxdiff(a.fc1.weight, b.fc1.weight) < tol);
     CHECK(kiln_test::maxdiff(a.fc2.bias, b.fc2.bias) < tol);
+    CHECK(kiln_test::maxdiff(a.fc1.weight.grad(), b.fc1.weight.grad()) < tol);
     if (mode) CHECK(has(compiled.graph(), "dist.ddp_bucket_start"));
+    // every gradient lives in its bucket (one bucket per parameter here): memory of its own, whole
+    for (const Tensor& p : kiln::nn::parameters(a)) {
+        REQUIRE(p.grad().defined());
+        CHECK(p.grad().offset() == 0);
+        CHECK(p.grad().storage()->nbytes() == static_cast<std::size_t>(p.numel()) * p.element_size());
+    }
+}
+
+/// With torch's bucket sizes the MLP's four gradients share buckets: each a view of its bucket's
+/// one tensor, after eager and compiled steps, and the DataParallel's end gives them back as they are.
+void ddp_gradients_are_bucket_views(kiln::Device dev, std::optional<kiln::Mode> mode) {
+    kiln::manual_seed(5);
+    kiln::nn::Mlp a(8, 16, 4, {kiln::DType::f32, dev});
+    std::vector<Tensor> ps = kiln::nn::parameters(a);
+    Tensor kept;
+    {
+        dist::DataParallel ddp(a);  // 1 MB, then 25 MB: one bucket for all four
+        REQUIRE(ddp.reducer().bucket_params().size() == 1);
+        kiln::nn::SGD opt(ps, {.lr = 0.1});
+        auto step = [&](const Tensor& x) {
+            opt.zero_grad();
+            Tensor l = kiln::nn::mse_loss(ddp(x), kiln::zeros({5, 4}).to(dev));
+            l.backward();
+            opt.step();
+            return l.detach();
+        };
+        auto c = kiln::compile(step, {.mode = mode.value_or(kiln::Mode::normal)});
+        for (int s = 0; s < 3; ++s) {
+            const Tensor x = kiln::randn({5, 8}).to(dev);
+            (void)(mode ? c(x) : step(x));
+            for (const Tensor& p : ps) CHECK(p.grad().storage() == ps[0].grad().storage());
+        }
+        kept = ps[0].grad().clone();
+    }
+    // gone: the gradients keep their values; a new backward adds to them where they are
+    CHECK(kiln_test::maxdiff(ps[0].grad(), kept) == 0);
 }
 
 }  // namespace
@@ -233,6 +270,8 @@ TEST_CASE("dist: a group of one on the CPU; collectives are identities, DataPara
     // DataParallel of one: training equals training the module itself, eager and compiled
     ddp_of_one_matches_module(kiln::Device::cpu(), std::nullopt, 1e-6);
     ddp_of_one_matches_module(kiln::Device::cpu(), kiln::Mode::normal, 1e-6);
+    ddp_gradients_are_bucket_views(kiln::Device::cpu(), std::nullopt);
+    ddp_gradients_are_bucket_views(kiln::Device::cpu(), kiln::Mode::normal);
     dist::destroy();
     CHECK_FALSE(dist::is_initialized());
     dist::destroy();  // twice is fine
@@ -344,6 +383,8 @@ TEST_CASE("dist, one GPU: NCCL group of one; DataParallel training equals the mo
     CHECK(kiln_test::maxdiff(t, before) == 0);
     ddp_of_one_matches_module(kiln::Device::cuda(0), kiln::Mode::normal, 1e-5);
     ddp_of_one_matches_module(kiln::Device::cuda(0), kiln::Mode::reduce_overhead, 1e-5);
+    ddp_gradients_are_bucket_views(kiln::Device::cuda(0), std::nullopt);
+    ddp_gradients_are_bucket_views(kiln::Device::cuda(0), kiln::Mode::reduce_overhead);
     dist::destroy();
 }
 

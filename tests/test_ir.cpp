@@ -442,3 +442,40 @@ TEST_CASE("the executor (fuse/execute.hpp): kernel steps to the device in plan o
         CHECK(dead >= 2);
     }
 }
+
+TEST_CASE("fuser: each write of a chain into views of one captured tensor stores its value straight into that memory") {
+    // DataParallel's gradients are views of one bucket: backward writes them one after the other
+    ir::Graph g;
+    const int x = input(g, {3}, 0);
+    Tensor memory = kiln::full({6}, -1.0);
+    ir::Node c;
+    c.kind = ir::Kind::constant;
+    c.dtype = DType::f32;
+    c.shape = {6};
+    c.tensor = memory;
+    const int m = g.add(std::move(c));
+    auto write = [&g](int base, int v, std::int64_t offset) {
+        ir::Node w;
+        w.kind = ir::Kind::view_write;
+        w.dtype = DType::f32;
+        w.shape = {6};
+        w.in = {base, v};
+        w.args = {1};
+        w.value = static_cast<double>(offset);
+        return g.add(std::move(w));
+    };
+    const int v1 = ew<ops::Mul>(g, {x, x}, {3});
+    const int w1 = write(m, v1, 0);
+    const int v2 = ew<ops::Add>(g, {x, x}, {3});
+    const int w2 = write(w1, v2, 3);
+    g.outputs = {w2};
+    ir::verify(g, "test");
+    const kiln::fuse::Plan plan = kiln::fuse::plan(g);
+    REQUIRE(plan.store_into.size() == static_cast<std::size_t>(g.size()));
+    CHECK(plan.store_into[static_cast<std::size_t>(v1)] == w1);
+    CHECK(plan.store_into[static_cast<std::size_t>(v2)] == w2);  // the chain's second write too
+    const std::vector<Tensor> out = run(g, {kiln::arange(1, 4).to(DType::f32)});
+    CHECK(out[0].is_same(memory));  // the result is the memory itself, written in place
+    const std::vector<double> want{1, 4, 9, 2, 4, 6};
+    for (int i = 0; i < 6; ++i) CHECK(memory.item<double>(i) == want[static_cast<std::size_t>(i)]);
+}

@@ -2,7 +2,7 @@
 """PyTorch's side of kiln_ddp_bench: the same training steps, data-parallel, timed the same way.
 
     torchrun --nproc_per_node N bench/anchors/torch_ddp_anchor.py --json OUT.json [--min-time S]
-        [--workloads mlp_train,bert_layer_train,resnet18_train] [--methods compile,compile_ro,eager]
+        [--workloads mlp_train,bert_layer_train,resnet18_train] [--methods compile,compile_ro,eager] [--batch N]
 
 The workloads are torch_train_anchor.py's (make(): the same models, per-GPU batches, losses,
 optimizers with fused=True, math modes). With one process the model is used as is; with several it
@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--min-time", type=float, default=0.3)
     ap.add_argument("--workloads", default="mlp_train,bert_layer_train,resnet18_train")
     ap.add_argument("--methods", default="compile,compile_ro")
+    ap.add_argument("--batch", type=int, default=0, help="per-GPU batch (0: the workload's)")
     a = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -68,7 +69,7 @@ def main():
             wrap = (lambda m: DDP(m, device_ids=[local])) if world > 1 else (lambda m: m)
             row = {"workload": name, "method": method, "world_size": world}
             try:
-                model, opt, loss_fn, x, y, flops, math_mode, autocast = make(name, dev, fused=True, wrap=wrap)
+                model, opt, loss_fn, x, y, flops, math_mode, autocast = make(name, dev, fused=True, wrap=wrap, batch=a.batch)
                 row.update(math=math_mode, batch_per_gpu=int(x.shape[0]))
                 if method != "eager":
                     loss_fn = torch.compile(loss_fn, mode="reduce-overhead" if method == "compile_ro" else None)

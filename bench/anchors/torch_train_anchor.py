@@ -56,21 +56,26 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-def make(name, dev, fused, wrap=lambda m: m):
+def make(name, dev, fused, wrap=lambda m: m, batch=0):
     """(model, optimizer, loss(x, y), x, y, flops, math, autocast) of a training workload; the loss
-    calls wrap(model) (torch_ddp_anchor.py wraps it in DistributedDataParallel)."""
+    calls wrap(model) (torch_ddp_anchor.py wraps it in DistributedDataParallel); batch > 0 replaces
+    the workload's batch (as kiln's make_trainer, bench/train_workloads.hpp)."""
+    def pick(d):
+        return batch if batch > 0 else d
+
     torch.manual_seed(7)
     g = torch.Generator(device="cpu").manual_seed(7)
     fused = fused if dev.type == "cuda" else None
     if name == "mlp_train":
         model = MLP(1024, 4096).to(dev)
-        x = torch.randn((64, 1024), generator=g).to(dev)
-        y = torch.randn((64, 1024), generator=g).to(dev)
+        B = pick(64)
+        x = torch.randn((B, 1024), generator=g).to(dev)
+        y = torch.randn((B, 1024), generator=g).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
         net = wrap(model)
-        return model, opt, lambda inp, tgt: F.mse_loss(net(inp), tgt), x, y, 3 * 2.0 * 64 * (1024 * 4096 * 2), "f32 (no TF32)", False
+        return model, opt, lambda inp, tgt: F.mse_loss(net(inp), tgt), x, y, 3 * 2.0 * B * (1024 * 4096 * 2), "f32 (no TF32)", False
     if name == "bert_layer_train":
-        B, S, E, H, Fh = 8, 128, 768, 12, 3072
+        B, S, E, H, Fh = pick(8), 128, 768, 12, 3072
         model = BertLayer(E, H, Fh, eps=1e-5).to(dev)
         x = torch.randn((B, S, E), generator=g).to(dev)
         y = torch.randn((B, S, E), generator=g).to(dev)
@@ -81,11 +86,12 @@ def make(name, dev, fused, wrap=lambda m: m):
                 "bf16 compute (autocast), f32 master weights and AdamW state", True)
     if name == "resnet18_train":
         model = ResNet18().to(dev).train()
-        x = torch.randn((16, 3, 224, 224), generator=g).to(dev)
-        y = torch.randint(0, 1000, (16,), generator=g).to(dev)
+        B = pick(16)
+        x = torch.randn((B, 3, 224, 224), generator=g).to(dev)
+        y = torch.randint(0, 1000, (B,), generator=g).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=fused)
         net = wrap(model)
-        return (model, opt, lambda inp, tgt: F.cross_entropy(net(inp), tgt), x, y, 3 * 2.0 * 1814073344 * 16,
+        return (model, opt, lambda inp, tgt: F.cross_entropy(net(inp), tgt), x, y, 3 * 2.0 * 1814073344 * B,
                 "f32, TF32 convolutions (torch's default)", False)
     raise ValueError(f"no training workload {name}")
 

@@ -138,6 +138,13 @@ KILN_DECL int register_post_accumulate_grad_hook(Tensor& leaf, std::function<voi
                                                  std::source_location loc = std::source_location::current());
 /// Removes a hook registered on leaf (an unknown id does nothing).
 KILN_DECL void remove_post_accumulate_grad_hook(const Tensor& leaf, int id);
+/// Gives leaf's gradient its memory: whenever backward finds leaf.grad() undefined, it writes the
+/// gradient into `buffer` and makes `buffer` the grad (a gradient that exists is added to where it
+/// is, as always). DataParallel makes every gradient a view of its bucket this way, so the
+/// all-reduce works in place (torch's gradient_as_bucket_view). An undefined buffer removes it.
+/// GradError unless leaf is a leaf that requires grad; ShapeError / DTypeError / DeviceError
+/// unless buffer matches leaf.
+KILN_DECL void set_grad_buffer(Tensor& leaf, const Tensor& buffer, std::source_location loc = std::source_location::current());
 namespace detail {
 /// Where the backward pass running on this thread was called (the user's backward() or grad()
 /// line), for errors raised by hooks and callbacks; nullptr outside a backward pass.

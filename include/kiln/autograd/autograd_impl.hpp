@@ -438,10 +438,14 @@ namespace {
 /// Adds g into a leaf's gradient. Inside kiln::compile the gradient is a buffer the program
 /// writes on every call: a gradient that exists when the step is traced is added to (and a
 /// zero_grad in the step is recorded as a fill); one that does not is made then (adopted by the
-/// tracer as memory from outside) and set on every call, as that trace's `grad = g` says.
+/// tracer as memory from outside) and set on every call, as that trace's `grad = g` says; one
+/// with a grad buffer (set_grad_buffer) is that buffer, written.
 void accumulate(Meta& m, Tensor g) {
     if (m.grad.defined()) {
         m.grad.assign(m.grad + g);
+    } else if (m.grad_buffer.defined()) {  // set_grad_buffer: the gradient goes into that memory
+        m.grad = m.grad_buffer;
+        m.grad.assign(g);
     } else if (trace::Tracer* tr = trace::Tracer::active(); tr != nullptr && g.is_traced()) {
         m.grad = Tensor(g.shape(), g.dtype(), g.device());
         tr->adopt(m.grad);
@@ -623,6 +627,20 @@ KILN_DECL int register_post_accumulate_grad_hook(Tensor& leaf, std::function<voi
     const int id = ++next;
     leaf.autograd_meta()->post_accumulate.emplace_back(id, std::move(hook));
     return id;
+}
+
+KILN_DECL void set_grad_buffer(Tensor& leaf, const Tensor& buffer, std::source_location loc) {
+    if (!leaf.requires_grad() || !leaf.is_leaf()) detail::grad_fail("set_grad_buffer", "needs a leaf tensor that requires grad (a parameter)", loc);
+    if (buffer.defined()) {
+        const std::string what = "the buffer (" + buffer.shape().str() + ", " + std::string(dtype_name(buffer.dtype())) + ", " +
+                                 buffer.device().str() + ") must match the parameter (" + leaf.shape().str() + ", " +
+                                 std::string(dtype_name(leaf.dtype())) + ", " + leaf.device().str() + ")";
+        if (!(buffer.shape() == leaf.shape())) kiln::detail::fail<ShapeError>("set_grad_buffer", what, loc);
+        if (buffer.dtype() != leaf.dtype()) kiln::detail::fail<DTypeError>("set_grad_buffer", what, loc);
+        if (buffer.device() != leaf.device()) kiln::detail::fail<DeviceError>("set_grad_buffer", what, loc);
+        if (buffer.is_traced()) detail::grad_fail("set_grad_buffer", "needs memory made outside kiln::compile", loc);
+    }
+    leaf.autograd_meta()->grad_buffer = buffer;
 }
 
 KILN_DECL void remove_post_accumulate_grad_hook(const Tensor& leaf, int id) {

@@ -331,6 +331,9 @@ struct Meta {
     /// A leaf's hooks (autograd::register_post_accumulate_grad_hook), by id: each called with
     /// `grad` once a backward pass has accumulated into it for the last time.
     std::vector<std::pair<int, std::function<void(const Tensor&)>>> post_accumulate;
+    /// Where a new gradient goes (autograd::set_grad_buffer): when backward finds `grad` undefined
+    /// it writes into this memory and makes it `grad`, instead of taking memory of its own.
+    Tensor grad_buffer;
 };
 }  // namespace autograd::detail
 

@@ -13,11 +13,13 @@
 //   });
 //
 // How: the parameters are split into buckets (in reverse order, as their gradients become ready
-// in backward; the first bucket small, then bucket_cap_mb each). Each parameter's
-// post-accumulate hook marks it ready; a bucket whose gradients are all ready is all-reduced
-// (averaged) at once, on NCCL's own stream while backward goes on, buckets in order on every
-// rank. When backward ends, the current stream waits for the buckets and each gradient takes its
-// averaged value. Under kiln::compile the hooks run while the step is traced, so each bucket's
+// in backward; the first bucket small, then bucket_cap_mb each). Each bucket is one flat tensor
+// and every gradient of the bucket a view of it (autograd::set_grad_buffer: backward writes the
+// gradients there; torch's gradient_as_bucket_view), so a bucket travels as one in-place
+// all-reduce, with no copy in or out. Each parameter's post-accumulate hook marks it ready; a
+// bucket whose gradients are all ready is all-reduced (averaged) at once, on NCCL's own stream
+// while backward goes on, buckets in order on every rank. When backward ends, the current stream
+// waits for the buckets, whose memory then holds the averaged gradients. Under kiln::compile the hooks run while the step is traced, so each bucket's
 // all-reduce and wait are nodes of the program, placed where the bucket became ready: the overlap
 // is planned once and replayed on every call (captured into the CUDA graph under reduce_overhead).
 #pragma once
@@ -66,8 +68,9 @@ private:
         DType dtype = DType::f32;
         int id = 0;               // its events (reserve_buckets)
         int ready = 0;            // parameters whose gradient is final in this backward
-        Tensor flat;              // after launch: the averaged gradients (until finish)
-        std::vector<Tensor> grads;  // what was sent
+        Tensor memory;            // every gradient of the bucket, each a view of it (set_grad_buffer)
+        std::vector<Tensor> views;  // per parameter of `params`: its gradient's view of `memory`
+        Tensor reduced;           // after launch: `memory` averaged in place (until finish)
     };
     KILN_DECL void on_ready(int p, const Loc& loc);
     KILN_DECL void launch(Bucket& b, const Loc& loc);

@@ -55,7 +55,24 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
         if (static_cast<double>(b.numel) * static_cast<double>(dtype_size(b.dtype)) >= cap) *slot = -1;
     }
     const int first = reserve_buckets(static_cast<int>(buckets_.size()));
-    for (std::size_t k = 0; k < buckets_.size(); ++k) buckets_[k].id = first + static_cast<int>(k);
+    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+        Bucket& b = buckets_[k];
+        b.id = first + static_cast<int>(k);
+        // the bucket's memory; each parameter's gradient is written into its view of it
+        b.memory = zeros(Shape{b.numel}, b.dtype, params_[static_cast<std::size_t>(b.params.at(0))].device());
+        std::int64_t o = 0;
+        for (int p : b.params) {
+            Tensor& param = params_[static_cast<std::size_t>(p)];
+            Tensor v = b.memory.slice(0, o, o + param.numel()).view(param.shape());
+            o += param.numel();
+            if (const Tensor gr = param.grad(); gr.defined()) {  // a gradient from before: it moves into the bucket
+                v.copy_(gr, loc);
+                param.set_grad(v);
+            }
+            autograd::set_grad_buffer(param, v, loc);
+            b.views.push_back(v);
+        }
+    }
     marked_.assign(params_.size(), 0);
     for (std::size_t i = 0; i < params_.size(); ++i)
         hooks_.push_back(autograd::register_post_accumulate_grad_hook(
@@ -75,7 +92,10 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
 }
 
 KILN_DECL Reducer::~Reducer() {
-    for (std::size_t i = 0; i < params_.size(); ++i) autograd::remove_post_accumulate_grad_hook(params_[i], hooks_[i]);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+        autograd::remove_post_accumulate_grad_hook(params_[i], hooks_[i]);
+        autograd::set_grad_buffer(params_[i], Tensor());  // the gradients stay views of their bucket
+    }
 }
 
 KILN_DECL std::vector<std::vector<int>> Reducer::bucket_params() const {
@@ -136,45 +156,37 @@ KILN_DECL void Reducer::on_ready(int p, const Loc& loc) {
 }
 
 KILN_DECL void Reducer::launch(Bucket& b, const Loc& loc) {
-    b.grads.clear();
-    for (int p : b.params) {
-        Tensor& param = params_[static_cast<std::size_t>(p)];
-        Tensor gr = param.grad();
-        if (!gr.defined()) {  // a parameter this backward did not reach: it sends zeros
-            gr = zeros(param.shape(), param.dtype(), param.device());
-            if (trace::Tracer* tr = trace::Tracer::active()) {
-                tr->adopt(gr);  // written on every call, as a gradient buffer made during the trace
-                gr.fill_(0);
-            }
-            param.set_grad(gr);
-        }
-        b.grads.push_back(gr);
+    // every gradient in its view of the bucket: backward wrote it there (set_grad_buffer) unless
+    // the parameter had another gradient tensor (set by hand), which is copied in; a parameter this
+    // backward did not reach sends zeros
+    for (std::size_t k = 0; k < b.params.size(); ++k) {
+        Tensor& param = params_[static_cast<std::size_t>(b.params[k])];
+        Tensor& v = b.views[k];
+        const Tensor gr = param.grad();
+        if (gr.defined() && gr.is_same(v)) continue;
+        if (gr.defined()) v.copy_(gr, loc);
+        else v.fill_(0);
+        param.set_grad(v);
     }
     const int id = b.id;
-    b.flat = ddp_call("dist.ddp_bucket_start(" + std::to_string(id) + ")",
-                      [id, loc](const std::vector<Tensor>& in) { return bucket_start(in, id, loc); }, Shape{b.numel}, b.grads, b.dtype,
-                      loc);
+    b.reduced = ddp_call("dist.ddp_bucket_start(" + std::to_string(id) + ")",
+                         [id, loc](const std::vector<Tensor>& in) { return bucket_start(in[0], id, loc); }, Shape{b.numel}, {b.memory}, b.dtype,
+                         loc);
 }
 
 KILN_DECL void Reducer::finish(const Loc& loc) {
     queued_ = false;
     while (next_ < buckets_.size()) launch(buckets_[next_++], loc);  // parameters backward never reached
     for (Bucket& b : buckets_) {
-        std::vector<Tensor> operands{b.flat};
-        operands.insert(operands.end(), b.grads.begin(), b.grads.end());
         const int id = b.id;
-        const Tensor flat = ddp_call(
-            "dist.ddp_bucket_wait(" + std::to_string(id) + ")",
-            [id, loc](const std::vector<Tensor>& in) { return bucket_wait(in[0], std::vector<Tensor>(in.begin() + 1, in.end()), id, loc); },
-            Shape{b.numel}, operands, b.dtype, loc, /*waits=*/true);
-        std::int64_t o = 0;
-        for (std::size_t k = 0; k < b.params.size(); ++k) {
-            Tensor gr = b.grads[k];
-            gr.copy_(flat.slice(0, o, o + gr.numel()).view(gr.shape()), loc);
-            o += gr.numel();
-        }
-        b.flat = Tensor();
-        b.grads.clear();
+        const Tensor reduced = ddp_call(
+            "dist.ddp_bucket_wait(" + std::to_string(id) + ")", [id, loc](const std::vector<Tensor>& in) { return bucket_wait(in[0], id, loc); },
+            Shape{b.numel}, {b.reduced}, b.dtype, loc, /*waits=*/true);
+        // run now, the bucket's memory holds the averages already; traced, this makes them the
+        // memory's value from here on (a write of the whole memory: no copy, the program's
+        // write-back finds the value in place)
+        if (!reduced.is_same(b.memory)) b.memory.copy_(reduced, loc);
+        b.reduced = Tensor();
         b.ready = 0;
     }
     std::fill(marked_.begin(), marked_.end(), 0);

@@ -93,14 +93,13 @@ KILN_DECL Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::sum, Lo
 KILN_DECL void barrier(Loc loc = Loc::current());
 
 namespace detail {
-/// DDP's gradient buckets (dist/ddp.hpp). bucket_start averages `grads` (one dtype, contiguous
-/// or not, on the group's device) over the ranks into a new flat tensor: on NCCL asynchronously on
-/// the group's communication stream (after the work queued so far), on the store at once.
-/// bucket_wait makes the current stream wait for it and returns `flat`; it takes the gradients
-/// again so that they stay alive (unreused) until the communication that reads them is done.
+/// DDP's gradient buckets (dist/ddp.hpp). bucket_start averages `flat` (a bucket: contiguous, on
+/// the group's device) over the ranks in place and returns it: on NCCL asynchronously on the
+/// group's communication stream (after the work queued so far), on the store at once.
+/// bucket_wait makes the current stream wait for it and returns `flat` (kept alive until then).
 /// `id` names the bucket's events (reserve_buckets).
-KILN_DECL Tensor bucket_start(const std::vector<Tensor>& grads, int id, const Loc& loc);
-KILN_DECL Tensor bucket_wait(const Tensor& flat, const std::vector<Tensor>& grads, int id, const Loc& loc);
+KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc);
+KILN_DECL Tensor bucket_wait(const Tensor& flat, int id, const Loc& loc);
 /// n new bucket ids (each with its own pair of events).
 KILN_DECL int reserve_buckets(int n);
 /// Broadcasts each tensor from `src` in place, as one group of collectives.

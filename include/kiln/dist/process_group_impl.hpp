@@ -774,59 +774,31 @@ KILN_DECL int reserve_buckets(int n) {
     return first;
 }
 
-KILN_DECL Tensor bucket_start(const std::vector<Tensor>& grads, int id, const Loc& loc) {
+KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc) {
     Group& g = group("DataParallel", loc);
-    std::int64_t total = 0;
-    for (const Tensor& t : grads) total += t.numel();
-    const DType dt = grads.at(0).dtype();
-    Tensor flat(Shape{total}, dt, g.device, loc);
+    if (!flat.is_contiguous())
+        kiln::detail::fail<ValueError>("DataParallel", "a bucket must be one contiguous tensor", loc);
     if (!g.nccl) {
-        std::int64_t off = 0;
-        for (const Tensor& t : grads) {
-            flat.slice(0, off, off + t.numel()).view(t.shape()).copy_(t);
-            off += t.numel();
-        }
-        all_reduce_now(g, flat, ReduceOp::avg, "DataParallel", loc);
+        Tensor f = flat;
+        all_reduce_now(g, f, ReduceOp::avg, "DataParallel", loc);
         return flat;
     }
     const cuda::detail::Driver& d = cuda::detail::driver();
     const cuda::CUstream s = cuda::current_stream(g.device.index), comm = g.comm_stream->handle();
     const cuda::CUevent ready = g.bucket_events.at(2 * static_cast<std::size_t>(id)), done = g.bucket_events.at(2 * static_cast<std::size_t>(id) + 1);
-    // each gradient is sent from where it is (a strided one is first copied into its slice)
-    std::vector<const void*> src;
-    std::int64_t off = 0;
-    for (const Tensor& t : grads) {
-        if (t.is_contiguous()) {
-            src.push_back(t.data_ptr());
-        } else {
-            Tensor slot = flat.slice(0, off, off + t.numel()).view(t.shape());
-            slot.copy_(t);
-            src.push_back(slot.data_ptr());
-        }
-        off += t.numel();
-    }
     cuda::detail::check(d.event_record(ready, s), "cuEventRecord");
     cuda::detail::check(d.stream_wait_event(comm, ready, 0), "cuStreamWaitEvent");
-    const std::size_t es = dtype_size(dt);
-    nccl_call(g, "DataParallel", loc, [&](const nccl::Lib& l) {
-        nccl::Result r = l.group_start();
-        std::int64_t o = 0;
-        for (std::size_t i = 0; i < grads.size() && r == nccl::success; ++i) {
-            const std::int64_t n = grads[i].numel();
-            if (n > 0)
-                r = l.all_reduce(src[i], static_cast<char*>(flat.data_ptr()) + static_cast<std::size_t>(o) * es, static_cast<std::size_t>(n),
-                                 nccl::data_type(dt), nccl::avg, g.comm, comm);
-            o += n;
-        }
-        const nccl::Result e = l.group_end();
-        return r != nccl::success ? r : e;
-    });
+    if (flat.numel() > 0)
+        nccl_call(g, "DataParallel", loc, [&](const nccl::Lib& l) {
+            return l.all_reduce(flat.data_ptr(), flat.data_ptr(), static_cast<std::size_t>(flat.numel()), nccl::data_type(flat.dtype()), nccl::avg,
+                                g.comm, comm);
+        });
     cuda::detail::check(d.event_record(done, comm), "cuEventRecord");
-    track(g, comm, "DataParallel's gradient all-reduce (bucket " + std::to_string(id) + ", " + std::to_string(total) + " elements)");
+    track(g, comm, "DataParallel's gradient all-reduce (bucket " + std::to_string(id) + ", " + std::to_string(flat.numel()) + " elements)");
     return flat;
 }
 
-KILN_DECL Tensor bucket_wait(const Tensor& flat, const std::vector<Tensor>&, int id, const Loc& loc) {
+KILN_DECL Tensor bucket_wait(const Tensor& flat, int id, const Loc& loc) {
     Group& g = group("DataParallel", loc);
     if (g.nccl)
         cuda::detail::check(cuda::detail::driver().stream_wait_event(cuda::current_stream(g.device.index),

@@ -505,21 +505,32 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     // back after every call) stores into that memory itself when every other reader of its old
     // value, through any view of it, runs in an earlier group and none is a result: the write-back
     // is then the memory itself, and no copy is made.
+    // A write that continues a chain of in-place writes into one captured memory (gradients that
+    // are views of one bucket, DataParallel) is in place already; its value may be stored straight
+    // into that memory as below, the memory's other values (the chain's) counting as its aliases.
     for (std::size_t k = 0; k < p.groups.size(); ++k) {
         Group& G = p.groups[k];
-        if (G.kind != Group::Kind::write || G.in_place) continue;
-        const int b = g[G.outputs[0]].in[0];
+        if (G.kind != Group::Kind::write) continue;
+        int b = g[G.outputs[0]].in[0];
+        const bool chained = G.in_place;
+        if (chained)
+            while (g[b].kind == Kind::view_write && p.group_of[sz(b)] >= 0 && p.groups[sz(p.group_of[sz(b)])].kind == Group::Kind::write &&
+                   p.groups[sz(p.group_of[sz(b)])].in_place)
+                b = g[b].in[0];
         if (g[b].kind != Kind::constant) continue;
         std::vector<char> alias(sz(N), 0);
         bool ok = true;
         for (int i = b; i < N; ++i) {
-            alias[sz(i)] = i == b || (g[i].kind == Kind::view && alias[sz(g[i].in[0])]);
-            if (alias[sz(i)] && is_output[sz(i)]) ok = false;
+            alias[sz(i)] = i == b || (g[i].kind == Kind::view && alias[sz(g[i].in[0])]) ||
+                           (chained && g[i].kind == Kind::view_write && i < G.outputs[0] && alias[sz(g[i].in[0])]);
+            if (!chained && alias[sz(i)] && is_output[sz(i)]) ok = false;
         }
-        for (std::size_t j = k + 1; ok && j < p.groups.size(); ++j)
-            for (int l : p.groups[j].leaves) ok = ok && !alias[sz(l)];
-        G.in_place = ok;
-        if (!ok) continue;
+        if (!chained) {
+            for (std::size_t j = k + 1; ok && j < p.groups.size(); ++j)
+                for (int l : p.groups[j].leaves) ok = ok && !alias[sz(l)];
+            G.in_place = ok;
+            if (!ok) continue;
+        }
         // the value an elementwise group computes only for this write: that group stores it into
         // the captured memory itself, when no group between them reads the old value and the
         // group reads it only element for element at the same place (m = b1 m + ..., p = p - ...)
