@@ -8,7 +8,7 @@
 //
 // Options: --workloads mlp_train,bert_layer_train,resnet18_train  --methods compiled,reduce_overhead
 // (eager too)  --min-time 0.3 (seconds per throughput run)  --ddp (DataParallel also for one process)
-// --bucket-mb 25 --first-bucket-mb 1 (DDPOptions)  --batch N (per-GPU batch; default: the
+// --bucket-mb 25 --first-bucket-mb 1 --broadcast-buffers 1 (DDPOptions)  --batch N (per-GPU batch; default: the
 // workload's, bench/train_workloads.hpp).
 // Timing, the same on every rank (collectives need every rank to take the same steps): latency =
 // CUDA events around each step, synchronized after each (20 steps, median); throughput = n steps
@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
                                          {"bucket-mb", "25"},
                                          {"first-bucket-mb", "1"},
                                          {"batch", "0"},
+                                         {"broadcast-buffers", "1"},
                                          {"json", ""}};
     bool force_ddp = false;
     for (int i = 1; i < argc; ++i) {
@@ -179,6 +180,7 @@ int main(int argc, char** argv) {
         dist::DDPOptions options;
         options.bucket_cap_mb = std::atof(a["bucket-mb"].c_str());
         options.first_bucket_mb = std::atof(a["first-bucket-mb"].c_str());
+        options.broadcast_buffers = a["broadcast-buffers"] != "0";
         std::vector<Row> rows;
         for (const std::string& w : split(a["workloads"]))
             for (const std::string& m : split(a["methods"])) {
