@@ -19,9 +19,10 @@
 // all-reduce, with no copy in or out. Each parameter's post-accumulate hook marks it ready; a
 // bucket whose gradients are all ready is all-reduced (averaged) at once, on NCCL's own stream
 // while backward goes on, buckets in order on every rank. When backward ends, the current stream
-// waits for the buckets, whose memory then holds the averaged gradients. Under kiln::compile the hooks run while the step is traced, so each bucket's
-// all-reduce and wait are nodes of the program, placed where the bucket became ready: the overlap
-// is planned once and replayed on every call (captured into the CUDA graph under reduce_overhead).
+// waits for the buckets, whose memory then holds the averaged gradients. Under kiln::compile the
+// hooks run while the step is traced, so each bucket's all-reduce and wait are nodes of the
+// program, placed where the bucket became ready: the overlap is planned once and replayed on every
+// call (captured into the CUDA graph under reduce_overhead).
 #pragma once
 
 #include <algorithm>
