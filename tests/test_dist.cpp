@@ -131,6 +131,7 @@ void ddp_gradients_are_bucket_views(kiln::Device dev, std::optional<kiln::Mode> 
     kiln::manual_seed(5);
     kiln::nn::Mlp a(8, 16, 4, {kiln::DType::f32, dev});
     std::vector<Tensor> ps = kiln::nn::parameters(a);
+    for (Tensor& p : ps) p.set_grad(kiln::ones(p.shape()).to(dev));  // gradients from before: moved into the buckets
     Tensor kept;
     {
         dist::DataParallel ddp(a);  // 1 MB, then 25 MB: one bucket for all four

@@ -65,11 +65,7 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
             Tensor& param = params_[static_cast<std::size_t>(p)];
             Tensor v = b.memory.slice(0, o, o + param.numel()).view(param.shape());
             o += param.numel();
-            if (const Tensor gr = param.grad(); gr.defined()) {  // a gradient from before: it moves into the bucket
-                v.copy_(gr, loc);
-                param.set_grad(v);
-            }
-            autograd::set_grad_buffer(param, v, loc);
+            autograd::set_grad_buffer(param, v, loc);  // a gradient from before moves in at its bucket's start (launch)
             b.views.push_back(v);
         }
     }

@@ -89,6 +89,9 @@ struct Group {
 /// ending, so only the goodbye happens (the other ranks must not take the exit for a death), not
 /// NCCL's teardown.
 inline void leave(std::unique_ptr<Group>& slot, bool at_exit);
+/// After a failure, how long rank 0 keeps its store up for the other ranks to hear the reason and
+/// go (at most the group's timeout).
+inline double failure_grace_s(const Group& g) { return std::min(g.timeout_s, 10.0); }
 
 /// The process's group. A program that ends without destroy() still says goodbye.
 struct GroupSlot {
@@ -425,7 +428,7 @@ KILN_DECL void init(int rank, int world_size, InitOptions o, Loc loc) {
                 if (g->store) g->store->bye();
             } catch (const Error&) {
             }
-            g->server->wait_for_ranks(std::min(g->timeout_s, 10.0));
+            g->server->wait_for_ranks(failure_grace_s(*g));
         }
         kiln::detail::fail<DistError>("dist::init", std::string(e.what()) + " (rank " + std::to_string(rank) + " of " +
                                                         std::to_string(world_size) + ")", loc);
@@ -470,7 +473,7 @@ inline void leave(std::unique_ptr<Group>& slot, bool at_exit) {
     } catch (const Error&) {
     }
     // rank 0's store stays up until every rank has said goodbye (or, after a failure, gone)
-    if (g.server) g.server->wait_for_ranks(g.failed ? std::min(g.timeout_s, 10.0) : g.timeout_s);
+    if (g.server) g.server->wait_for_ranks(g.failed ? failure_grace_s(g) : g.timeout_s);
     if (!at_exit) cuda::detail::before_replay_hook() = nullptr;
     if (at_exit) g.comm = nullptr;  // the process ends: NCCL's resources go with it
     slot.reset();
