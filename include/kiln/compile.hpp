@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/backends/cpu/cpp_build.hpp"  // CpuCodegen: generated C++ for compiled CPU programs
 #include "kiln/compile/compiled_core.hpp"
 #include "kiln/compile/options.hpp"
 #include "kiln/trace/tracer.hpp"

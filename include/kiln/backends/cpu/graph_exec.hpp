@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/backends/cpu/cpp_build.hpp"
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/backends/cpu/reduce.hpp"
 #include "kiln/fuse/execute.hpp"
@@ -425,9 +426,64 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
     }
 }
 
+/// A group's generated C++ kernels, one per operand layout seen (rank, dtypes, innermost stride
+/// class): the source is made once per layout, the kernel asked for until it is loaded.
+struct GroupKernels {
+    struct Entry {
+        std::string layout, source;
+        cppgen::GroupFn fn = nullptr;
+    };
+    std::mutex mu;
+    std::vector<Entry> entries;
+};
+
+/// The generated kernel for a collapsed program, or nullptr (codegen off, not covered, building).
+inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo) {
+    if (cpu_codegen() == CpuCodegen::off) return nullptr;
+    std::string layout(1, static_cast<char>(p.space.shape.rank()));
+    auto add = [&](const Access& a) {
+        const std::int64_t in = a.strides.rank() ? a.strides[a.strides.rank() - 1] : 1;
+        layout += static_cast<char>(a.dtype);
+        layout += static_cast<char>(in == 0 ? 0 : in == 1 ? 1 : 2);
+    };
+    for (const Access& a : p.leaves) add(a);
+    add(p.out);
+    for (const auto& sd : p.side) add(sd.second);
+    std::lock_guard lock(memo.mu);
+    GroupKernels::Entry* e = nullptr;
+    for (auto& x : memo.entries)
+        if (x.layout == layout) e = &x;
+    if (!e) {
+        memo.entries.push_back({layout, cppgen::group_source(p), nullptr});
+        e = &memo.entries.back();
+    }
+    if (!e->fn && !e->source.empty()) e->fn = cppgen::kernel_for(e->source);
+    return e->fn;
+}
+
+/// Runs a collapsed program through its generated kernel, threaded over tile-aligned runs.
+inline void run_generated(const TileProgram& p, cppgen::GroupFn fn) {
+    std::vector<void*> ptrs;
+    std::vector<std::int64_t> strides;
+    const int R = p.space.shape.rank();
+    auto add = [&](const Access& a) {
+        ptrs.push_back(a.base);
+        for (int d = 0; d < R; ++d) strides.push_back(a.strides[d]);
+    };
+    for (const Access& a : p.leaves) add(a);
+    add(p.out);
+    for (const auto& sd : p.side) add(sd.second);
+    const std::int64_t* shape = p.space.shape.begin();
+    const std::int64_t n = p.space.numel(), tiles = (n + tile_elems - 1) / tile_elems;
+    parallel_for(tiles, parallel_grain / tile_elems, [&](std::int64_t tb, std::int64_t te) {
+        fn(ptrs.data(), shape, strides.data(), p.scalars.data(), tb * tile_elems, std::min(n, te * tile_elems));
+    });
+}
+
 /// An elementwise group: its members in one tile program writing each output's new tensor (the
-/// last output as the program's result, the others stored beside it tile by tile).
-inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
+/// last output as the program's result, the others stored beside it tile by tile); through its
+/// generated C++ kernel once that is loaded (memo), else on the tile interpreter.
+inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, GroupKernels* memo = nullptr) {
     const int root = G.outputs.back();
     const ir::Node& n = g[root];
     Tensor out = output_tensor(vals, root, n.shape, n.dtype);
@@ -444,6 +500,12 @@ inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std:
     for (auto& a : p.leaves) all.push_back(&a);
     for (auto& sd : p.side) all.push_back(&sd.second);
     collapse(p.space, all);
+    if (p.space.shape.rank() == 0) {  // one element: a rank-1 space of one
+        p.space.shape = Shape{1};
+        for (Access* a : all) a->strides = Strides{1};
+    }
+    if (memo)
+        if (const cppgen::GroupFn fn = generated_kernel(p, *memo)) return run_generated(p, fn);
     run_program(p);
 }
 
@@ -451,10 +513,13 @@ inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std:
 /// kernels, Eigen for matmul; writes go into the planned buffers bound in vals.
 class CpuSteps final : public fuse::Steps {
 public:
-    explicit CpuSteps(const ir::Graph& g) : g_(g) {}
-    void kernel(std::size_t, const fuse::Group& G, std::vector<Tensor>& vals) override {
+    /// kernels: one memo per plan group (generated C++), or nullptr for the interpreter alone.
+    explicit CpuSteps(const ir::Graph& g, std::vector<GroupKernels>* kernels = nullptr) : g_(g), kernels_(kernels) {}
+    void kernel(std::size_t k, const fuse::Group& G, std::vector<Tensor>& vals) override {
         switch (G.kind) {
-            case fuse::Group::Kind::elementwise: run_elementwise_group(g_, G, vals); break;
+            case fuse::Group::Kind::elementwise:
+                run_elementwise_group(g_, G, vals, kernels_ && k < kernels_->size() ? &(*kernels_)[k] : nullptr);
+                break;
             case fuse::Group::Kind::row: run_row_group(g_, G, vals); break;
             case fuse::Group::Kind::reduce: run_reduce_group(g_, G, vals); break;
             case fuse::Group::Kind::matmul: {
@@ -474,13 +539,15 @@ public:
 
 private:
     const ir::Graph& g_;
+    std::vector<GroupKernels>* kernels_;
 };
 
 /// A compiled graph on the CPU: the fused plan, run by the executor over CpuSteps.
 class CpuGraphProgram final : public fuse::GraphProgram {
 public:
     CpuGraphProgram(ir::Graph g, fuse::Plan plan, bool plan_memory = true)
-        : g_(std::move(g)), plan_(std::move(plan)), memory_(fuse::plan_memory(g_, plan_, plan_memory)) {}
+        : g_(std::move(g)), plan_(std::move(plan)), memory_(fuse::plan_memory(g_, plan_, plan_memory)),
+          kernels_(plan_.groups.size()) {}
 
     const ir::Graph& graph() const override { return g_; }
     const fuse::Plan& plan() const override { return plan_; }
@@ -505,7 +572,7 @@ public:
         for (std::size_t k = 0; k < g_.inputs.size(); ++k) vals[static_cast<std::size_t>(g_.inputs[k])] = inputs[k];
         for (int i = 0; i < g_.size(); ++i)
             if (g_[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = g_[i].tensor;
-        CpuSteps steps(g_);
+        CpuSteps steps(g_, &kernels_);
         return fuse::execute(g_, plan_, memory_, vals, steps);
     }
 
@@ -524,6 +591,7 @@ private:
     fuse::MemoryPlan memory_;
     mutable std::mutex arena_mu_;
     mutable std::vector<Tensor> arena_;
+    mutable std::vector<GroupKernels> kernels_;  ///< per plan group: its generated C++ kernels
 };
 
 /// The CPU as a device for compile.

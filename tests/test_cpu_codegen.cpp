@@ -1,0 +1,242 @@
+// Generated C++ for compiled CPU programs (backends/cpu/cpp_codegen.hpp, cpp_build.hpp): every
+// table op in every dtype it takes, over contiguous, broadcast and strided layouts, against
+// eager; the disk cache (hits, corrupt and foreign entries rebuilt); async builds; no compiler.
+#include "test_util.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <functional>
+#include <tuple>
+
+using kiln::DType;
+using kiln::Tensor;
+using kiln_test::maxdiff;
+
+namespace {
+
+/// Values for an input of dtype d: small integers (nonzero when `divisor`) or normal floats.
+Tensor input(const kiln::Shape& shape, DType d, bool divisor) {
+    Tensor x = kiln::randn(shape) * 3.0;
+    if (d == DType::boolean) return kiln::eager(x > 0.0);
+    if (d == DType::i32 || d == DType::i64) {
+        Tensor r = kiln::eager(kiln::floor(x));
+        if (divisor) r = kiln::eager(kiln::where(r == 0.0, 1.0, r));
+        return r.to(d);
+    }
+    return x.to(d);
+}
+
+bool allowed(unsigned categories, DType d) { return (categories >> kiln::dtype_category(d) & 1u) != 0; }
+
+std::string read(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// Replaces a file (a new inode: the library this process mapped from the old one stays intact).
+void write(const std::filesystem::path& p, const std::string& s) {
+    const std::filesystem::path tmp = p.string() + ".test";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << s;
+    }
+    std::filesystem::rename(tmp, p);
+}
+
+struct ModeScope {
+    kiln::CpuCodegen prev = kiln::cpu_codegen();
+    explicit ModeScope(kiln::CpuCodegen m) { kiln::set_cpu_codegen(m); }
+    ~ModeScope() { kiln::set_cpu_codegen(prev); }
+};
+
+}  // namespace
+
+TEST_CASE("cpu codegen: every table op in every dtype it takes, contiguous + row broadcast and strided + column broadcast, matches eager") {
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    ModeScope mode(kiln::CpuCodegen::async);
+    kiln::manual_seed(7);
+    const kiln::CpuCodegenStats before = kiln::cpu_codegen_stats();
+    struct Case {
+        std::string name;
+        std::function<std::tuple<Tensor, Tensor>()> run;
+        std::tuple<Tensor, Tensor> expect;
+    };
+    std::vector<Case> cases;
+    // shapes with tails: 37 is no multiple of any SIMD width
+    for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64, DType::bf16, DType::boolean}) {
+        // the ops in the four compute types (bf16 and bool compute as f32: their loads, stores and
+        // conversions are the casts' cases below)
+        if (d == DType::f32 || d == DType::f64 || d == DType::i32 || d == DType::i64) kiln::ops::for_each_op([&](auto tag) {
+            using Op = typename decltype(tag)::type;
+            if constexpr (Op::rule != kiln::ops::DTypeRule::cast) {
+                if (!allowed(Op::allowed_categories, d)) return;
+                if (Op::rule == kiln::ops::DTypeRule::where && d == DType::boolean) return;
+                const kiln::detail::OpFn<Op> f{};
+                const Tensor x = input({7, 37}, d, false), xt = input({37, 7}, d, false).transpose(0, 1);
+                const Tensor y = input({37}, d, true), yc = input({7, 1}, d, true);
+                const Tensor c = input({7, 37}, DType::boolean, false);
+                auto both = [f, c](const Tensor& a, const Tensor& b, const Tensor& at, const Tensor& bc) {
+                    if constexpr (Op::arity == 1) return std::tuple<Tensor, Tensor>{f(a), f(at)};
+                    else if constexpr (Op::arity == 2) return std::tuple<Tensor, Tensor>{f(a, b), f(at, bc)};
+                    else return std::tuple<Tensor, Tensor>{f(c, a, b), f(c, at, bc)};
+                };
+                auto compiled = kiln::compile(both);
+                auto eager = both(x, y, xt, yc);
+                std::tuple<Tensor, Tensor> expect{kiln::eager(std::get<0>(eager)), kiln::eager(std::get<1>(eager))};
+                cases.push_back({std::string(Op::name) + " " + std::string(kiln::dtype_name(d)),
+                                 [compiled, x, y, xt, yc]() mutable { return compiled(x, y, xt, yc); }, expect});
+            }
+        });
+        // casts to every dtype and back: a value changes compute type inside the kernel
+        for (DType to : {DType::f32, DType::f64, DType::i32, DType::i64, DType::bf16, DType::f16, DType::boolean}) {
+            const Tensor x = input({7, 37}, d, false), xt = input({37, 7}, d, false).transpose(0, 1);
+            auto both = [to, d](const Tensor& a, const Tensor& at) {
+                return std::tuple<Tensor, Tensor>{kiln::cast(a, to), kiln::cast(kiln::cast(at, to) * 3, d)};
+            };
+            auto compiled = kiln::compile(both);
+            auto eager = both(x, xt);
+            std::tuple<Tensor, Tensor> expect{kiln::eager(std::get<0>(eager)), kiln::eager(std::get<1>(eager))};
+            cases.push_back({"cast " + std::string(kiln::dtype_name(d)) + " -> " + std::string(kiln::dtype_name(to)),
+                             [compiled, x, xt]() mutable { return compiled(x, xt); }, expect});
+        }
+    }
+    REQUIRE(cases.size() > 180);
+    for (Case& c : cases) c.run();  // queues every kernel's build (the interpreter runs meanwhile)
+    kiln::cpu_codegen_wait();
+    for (Case& c : cases) {
+        CAPTURE(c.name);
+        const auto got = c.run();
+        CHECK(std::get<0>(got).dtype() == std::get<0>(c.expect).dtype());
+        CHECK(maxdiff(std::get<0>(got), std::get<0>(c.expect)) <= 2e-6);
+        CHECK(maxdiff(std::get<1>(got), std::get<1>(c.expect)) <= 2e-6);
+    }
+    const kiln::CpuCodegenStats after = kiln::cpu_codegen_stats();
+    MESSAGE(cases.size() << " programs: " << after.builds - before.builds << " kernels built in " << after.build_ms - before.build_ms
+                         << " ms, " << after.disk_hits - before.disk_hits << " read from disk");
+    CHECK(after.build_failures == before.build_failures);
+    // every case ran its kernel: built, or read from this cache dir's disk entries
+    CHECK(after.builds + after.disk_hits + after.memory_hits - before.builds - before.disk_hits - before.memory_hits >= cases.size());
+}
+
+namespace {
+
+/// A compiled program with one elementwise group, and its eager result.
+struct Sample {
+    Tensor x = kiln::randn({9, 130});
+    Tensor b = kiln::randn({130});
+    static Tensor fn(const Tensor& x, const Tensor& b) { return kiln::sigmoid(x * 1.75 - b) + kiln::tanh(x); }
+    Tensor expect = kiln::eager(fn(x, b));
+};
+
+}  // namespace
+
+TEST_CASE("cpu codegen: a kernel's disk entry is read by a new program; corrupt and foreign entries are rebuilt, never loaded") {
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    ModeScope mode(kiln::CpuCodegen::sync);
+    namespace fs = std::filesystem;
+    Sample s;
+    auto fn = [](const Tensor& x, const Tensor& b) { return Sample::fn(x, b); };
+    kiln::detail::cppgen::forget_loaded();  // the source is logged where this process first asks for it
+    kiln_test::LogCapture logs("output_code");
+    auto c1 = kiln::compile(fn);
+    CHECK(maxdiff(c1(s.x, s.b), s.expect) <= 1e-6);
+    // the generated source is in the log, and its entry on disk
+    std::string source;
+    for (const std::string& line : logs.lines)
+        if (line.find("cpu kernel") != std::string::npos) source = line.substr(line.find('\n') + 1);
+    REQUIRE(source.find("extern \"C\" void kiln_group") != std::string::npos);
+    CHECK(source.find("// sigmoid") != std::string::npos);
+    const std::string stem = kiln::detail::cppgen::entry_stem(source);
+    REQUIRE(fs::is_regular_file(stem + ".so"));
+    REQUIRE(fs::is_regular_file(stem + ".meta"));
+    CHECK(read(stem + ".cpp") == source);
+
+    auto fresh_call = [&] {
+        kiln::detail::cppgen::forget_loaded();
+        auto c = kiln::compile(fn);
+        return maxdiff(c(s.x, s.b), s.expect);
+    };
+    SUBCASE("a valid entry is loaded, not built") {
+        const auto before = kiln::cpu_codegen_stats();
+        CHECK(fresh_call() <= 1e-6);
+        const auto after = kiln::cpu_codegen_stats();
+        CHECK(after.disk_hits == before.disk_hits + 1);
+        CHECK(after.builds == before.builds);
+    }
+    SUBCASE("a truncated library is rejected and rebuilt") {
+        const std::string so = read(stem + ".so");
+        write(stem + ".so", so.substr(0, so.size() / 2));
+        const auto before = kiln::cpu_codegen_stats();
+        CHECK(fresh_call() <= 1e-6);
+        const auto after = kiln::cpu_codegen_stats();
+        CHECK(after.disk_rejected == before.disk_rejected + 1);
+        CHECK(after.builds == before.builds + 1);
+        CHECK(read(stem + ".so").size() == so.size());
+    }
+    SUBCASE("a flipped byte in the library is rejected and rebuilt") {
+        std::string so = read(stem + ".so");
+        so[so.size() / 2] = static_cast<char>(so[so.size() / 2] ^ 0x5a);
+        write(stem + ".so", so);
+        const auto before = kiln::cpu_codegen_stats();
+        CHECK(fresh_call() <= 1e-6);
+        CHECK(kiln::cpu_codegen_stats().disk_rejected == before.disk_rejected + 1);
+    }
+    SUBCASE("an entry whose key text differs (another compiler, CPU or source) is rebuilt") {
+        std::string meta = read(stem + ".meta");
+        meta += " ";
+        write(stem + ".meta", meta);
+        const auto before = kiln::cpu_codegen_stats();
+        CHECK(fresh_call() <= 1e-6);
+        const auto after = kiln::cpu_codegen_stats();
+        CHECK(after.disk_rejected == before.disk_rejected + 1);
+        CHECK(after.builds == before.builds + 1);
+    }
+    SUBCASE("a missing meta file is a miss: rebuilt") {
+        fs::remove(stem + ".meta");
+        const auto before = kiln::cpu_codegen_stats();
+        CHECK(fresh_call() <= 1e-6);
+        CHECK(kiln::cpu_codegen_stats().builds == before.builds + 1);
+        CHECK(fs::is_regular_file(stem + ".meta"));
+    }
+}
+
+TEST_CASE("cpu codegen: in async mode the first calls run on the interpreter while the kernel builds, then the kernel runs") {
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    ModeScope mode(kiln::CpuCodegen::async);
+    kiln::detail::cppgen::forget_loaded();
+    // a layout no other case uses (f64 with a strided operand), so its kernel is new to this process
+    const Tensor x = kiln::randn({40, 33}, DType::f64).transpose(0, 1);
+    const Tensor b = kiln::randn({33, 1}, DType::f64);
+    auto fn = [](const Tensor& x, const Tensor& b) { return kiln::exp(-x * x) * b + 0.25; };
+    const Tensor expect = kiln::eager(fn(x, b));
+    auto c = kiln::compile(fn);
+    const auto s0 = kiln::cpu_codegen_stats();
+    CHECK(maxdiff(c(x, b), expect) <= 1e-12);  // the interpreter, unless the disk had the kernel
+    kiln::cpu_codegen_wait();
+    const auto s1 = kiln::cpu_codegen_stats();
+    CHECK(s1.disk_hits - s0.disk_hits + s1.builds - s0.builds == 1);
+    CHECK(maxdiff(c(x, b), expect) <= 1e-12);
+    CHECK(maxdiff(c(x, b), expect) <= 1e-12);
+    const auto s2 = kiln::cpu_codegen_stats();
+    // built in the background: the next call asks once more and the program remembers the kernel
+    CHECK(s2.memory_hits - s1.memory_hits == s1.builds - s0.builds);
+    CHECK(s2.build_failures == s0.build_failures);
+}
+
+TEST_CASE("cpu codegen: without a compiler, compiled programs run on the interpreter and say why") {
+    if (std::getenv("KILN_CODEGEN_TEST_CHILD")) {
+        CHECK(kiln::cpu_codegen_unavailable().find("no C++ compiler") != std::string::npos);
+        Sample s;
+        auto c = kiln::compile(Sample::fn);
+        ModeScope mode(kiln::CpuCodegen::sync);
+        CHECK(maxdiff(c(s.x, s.b), s.expect) <= 1e-6);
+        CHECK(kiln::cpu_codegen_stats().builds == 0);
+        return;
+    }
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const std::string cmd = "KILN_CODEGEN_TEST_CHILD=1 KILN_CXX=/nonexistent/c++ '" + self + "' -tc='cpu codegen: without a compiler*'";
+    CHECK(std::system(cmd.c_str()) == 0);
+}
