@@ -33,8 +33,7 @@ struct Toolchain {
     std::string cxx;           ///< the compiler command
     std::string flags;         ///< flags of every build
     std::string includes;      ///< -I flags (kiln's headers, xsimd)
-    bool pch = false;          ///< GCC: the prelude is precompiled once
-    std::string fingerprint;   ///< compiler version, flags, CPU, the headers' text, kiln's version
+    std::string fingerprint;   ///< the compiler's file (path, size, mtime), flags, CPU, the headers' text, kiln's version
     std::filesystem::path dir; ///< <cache_dir()>/cpu
     std::filesystem::path prelude_dir;  ///< where kiln_cpu_prelude.hpp (and its .gch) live
     std::string unavailable;   ///< why nothing can be built ("" when it can)
@@ -120,14 +119,23 @@ inline Toolchain find_toolchain() {
         return t;
     }
     for (const std::string& d : dirs) t.includes += " -I" + shell_quote(d);
-    std::string version;
-    if (run_command(shell_quote(t.cxx) + " --version", version) != 0 || version.empty()) {
+    // the compiler by its file (found on PATH as the shell would), not by running it: a first call
+    // with every kernel on disk starts no process
+    fs::path exe;
+    if (t.cxx.find('/') != std::string::npos) {
+        exe = t.cxx;
+    } else if (const char* path = std::getenv("PATH")) {
+        for (const std::string& d : split_list(path, ':'))
+            if (exe.empty() && fs::is_regular_file(fs::path(d) / t.cxx, ec)) exe = fs::path(d) / t.cxx;
+    }
+    if (exe.empty() || !fs::is_regular_file(exe, ec)) {
         t.unavailable = "no C++ compiler '" + t.cxx + "' (set KILN_CXX)";
         return t;
     }
-    // GCC's precompiled headers (clang's work differently: it includes the prelude instead)
-    t.pch = version.find("clang") == std::string::npos && version.find("Free Software Foundation") != std::string::npos;
-    version = version.substr(0, version.find('\n'));
+    exe = fs::canonical(exe, ec);
+    const auto size = fs::file_size(exe, ec);
+    const auto mtime = fs::last_write_time(exe, ec).time_since_epoch().count();
+    const std::string version = exe.string() + " " + std::to_string(size) + " " + std::to_string(mtime);
     // the headers the kernels include, by content: an edited formula is a new key
     std::string headers;
     for (const char* h : {"kiln/tables/op_table.hpp", "kiln/tables/simd.hpp", "kiln/core/dtype.hpp", "kiln/core/half.hpp"})
@@ -222,7 +230,11 @@ struct Engine {
             return false;
         }
         std::error_code ec;
-        if (t.pch && !fs::is_regular_file(gch, ec)) {
+        // GCC's precompiled headers (clang's work differently: kernels include the prelude instead)
+        std::string version;
+        const bool gcc = run_command(shell_quote(t.cxx) + " --version", version) == 0 &&
+                         version.find("clang") == std::string::npos && version.find("Free Software Foundation") != std::string::npos;
+        if (gcc && !fs::is_regular_file(gch, ec)) {
             const fs::path tmp = cache::detail::unique_temp_path(gch);
             std::string out;
             const auto t0 = std::chrono::steady_clock::now();
