@@ -151,9 +151,10 @@ inline Toolchain find_toolchain() {
     return t;
 }
 
+/// Never destroyed: a builder thread still compiling at exit reads it until the engine joins it.
 inline const Toolchain& toolchain() {
-    static const Toolchain t = find_toolchain();
-    return t;
+    static const Toolchain* t = new Toolchain(find_toolchain());
+    return *t;
 }
 
 /// The disk entry of a kernel: <hex>.so and <hex>.meta (format line, the .so's size and
