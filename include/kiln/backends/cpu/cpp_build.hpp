@@ -39,10 +39,11 @@ KILN_DECL std::string cpu_codegen_unavailable();
 
 namespace detail::cppgen {
 
-/// The kernel built from `source` (group_source's text): loaded now from memory or disk, or
-/// built (in sync mode, waited for); nullptr while a background build runs, or where it cannot
-/// be built (then the caller runs the interpreter).
-KILN_DECL GroupFn kernel_for(const std::string& source);
+/// The kernel (`kiln_kernel`) built from `source` (group_source's or row_source's text, whose
+/// signature the caller knows): loaded now from memory or disk, or built (in sync mode, waited
+/// for); nullptr while a background build runs, or where it cannot be built (then the caller runs
+/// the interpreter).
+KILN_DECL void* kernel_for(const std::string& source);
 
 /// Forgets the kernels this process found (after any queued build): the next ask of a source reads
 /// its disk entry again (tests of the disk cache).

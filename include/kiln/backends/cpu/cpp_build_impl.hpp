@@ -138,7 +138,7 @@ inline Toolchain find_toolchain() {
     const std::string version = exe.string() + " " + std::to_string(size) + " " + std::to_string(mtime);
     // the headers the kernels include, by content: an edited formula is a new key
     std::string headers;
-    for (const char* h : {"kiln/tables/op_table.hpp", "kiln/tables/simd.hpp", "kiln/core/dtype.hpp", "kiln/core/half.hpp"})
+    for (const char* h : {"kiln/tables/op_table.hpp", "kiln/tables/reduce_table.hpp", "kiln/tables/simd.hpp", "kiln/core/dtype.hpp", "kiln/core/half.hpp"})
         headers += read_text(fs::path(kiln_dir) / h);
     t.fingerprint = "kiln " KILN_VERSION_STRING "\n" + t.cxx + "\n" + version + "\n" + t.flags + "\n" + cpu_identity() + "\n" +
                     cache::to_hex(cache::hash64(headers)) + "\n" + cache::to_hex(cache::hash64(prelude)) + "\n";
@@ -165,7 +165,7 @@ inline std::string meta_text(const std::string& key, const std::string& so) {
 }
 
 struct Slot {
-    std::atomic<GroupFn> fn{nullptr};
+    std::atomic<void*> fn{nullptr};
     std::atomic<int> state{0};  // 0 queued, 1 loaded, 2 failed
     std::string source;
 };
@@ -257,7 +257,7 @@ struct Engine {
     }
 
     /// The kernel of a disk entry, or nullptr (missing: `rejected` false; corrupt or foreign: true).
-    GroupFn load_entry(const std::filesystem::path& stem, const std::string& key, bool& rejected) {
+    void* load_entry(const std::filesystem::path& stem, const std::string& key, bool& rejected) {
         namespace fs = std::filesystem;
         rejected = false;
         std::error_code ec;
@@ -270,18 +270,18 @@ struct Engine {
             return nullptr;
         }
         void* h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-        void* f = h ? ::dlsym(h, "kiln_group") : nullptr;
+        void* f = h ? ::dlsym(h, "kiln_kernel") : nullptr;
         if (!f) {
             rejected = true;
             const char* e = ::dlerror();
-            debug::log("cache", "cpu codegen: cannot load " + so.string() + ": " + (e ? e : "no kiln_group") + "; rebuilding");
+            debug::log("cache", "cpu codegen: cannot load " + so.string() + ": " + (e ? e : "no kiln_kernel") + "; rebuilding");
             return nullptr;
         }
-        return reinterpret_cast<GroupFn>(f);
+        return f;
     }
 
     /// Compiles a slot's source, stores the entry, loads it. Runs on a builder thread.
-    GroupFn build(const std::string& source) {
+    void* build(const std::string& source) {
         namespace fs = std::filesystem;
         const Toolchain& t = toolchain();
         const std::string key = key_text(t, source), hex = cache::to_hex(cache::hash64(key));
@@ -340,7 +340,7 @@ struct Engine {
             queue.pop_front();
             ++active;
             lock.unlock();
-            GroupFn fn = nullptr;
+            void* fn = nullptr;
             try {
                 fn = build(s->source);
             } catch (const std::exception& e) {
@@ -364,7 +364,7 @@ struct Engine {
         work.notify_one();
     }
 
-    GroupFn get(const std::string& source, CpuCodegen m) {
+    void* get(const std::string& source, CpuCodegen m) {
         std::unique_lock lock(mu);
         auto it = slots.find(source);
         if (it != slots.end()) {
@@ -383,7 +383,7 @@ struct Engine {
         if (debug::log_on("output_code"))
             debug::log("output_code", "cpu kernel " + cache::to_hex(cache::hash64(key)) + ":\n" + source);
         bool rejected = false;
-        if (GroupFn fn = load_entry(t.dir / cache::to_hex(cache::hash64(key)), key, rejected)) {
+        if (void* fn = load_entry(t.dir / cache::to_hex(cache::hash64(key)), key, rejected)) {
             lock.lock();
             ++stats.disk_hits;
             s->fn.store(fn);
@@ -404,7 +404,7 @@ struct Engine {
     }
 };
 
-KILN_DECL GroupFn kernel_for(const std::string& source) {
+KILN_DECL void* kernel_for(const std::string& source) {
     const CpuCodegen m = cpu_codegen();
     if (m == CpuCodegen::off || source.empty() || !toolchain().unavailable.empty()) return nullptr;
     return Engine::instance().get(source, m);

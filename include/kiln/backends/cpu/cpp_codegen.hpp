@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kiln/backends/cpu/program.hpp"
+#include "kiln/tables/reduce_table.hpp"
 
 namespace kiln::detail::cppgen {
 
@@ -17,10 +19,12 @@ namespace kiln::detail::cppgen {
 /// copies, as the interpreter's tail does, so every lane runs the same code.
 inline constexpr std::string_view prelude = R"(#pragma once
 #include "kiln/tables/op_table.hpp"
+#include "kiln/tables/reduce_table.hpp"
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 namespace kj {
 using kiln::DType;
 using i32 = std::int32_t;
@@ -79,6 +83,29 @@ template <class O, class T, class... A> inline V<T> op(DType attr, const A&... a
     }
     return r;
 }
+template <class O, class T, class... A> inline T sop(DType attr, A... a) {
+    if constexpr (O::rule == kiln::ops::DTypeRule::cast) return O::eval(a..., attr);
+    else return O::eval(a...);
+}
+// Row reductions: what a reduction accumulates in (double for float sums, as the interpreter's).
+template <int Id> using Red = typename At<Id, kiln::ops::Reductions>::type::Accumulate;
+template <class R, class T>
+using Acc = std::conditional_t<std::is_floating_point_v<T> && R::rule == kiln::ops::ReduceRule::widen_int, double, T>;
+template <class R, class T> inline T hred(const V<T>& v) {
+    alignas(64) T l[L];
+    for (int q = 0; q < P<T>; ++q) v.b[q].store_aligned(l + q * W<T>);
+    T r = l[0];
+    for (int k = 1; k < L; ++k) r = R::Combine::eval(r, l[k]);
+    return r;
+}
+template <class R, class T> inline void acc(V<T>& a, const V<T>& v) {
+    for (int q = 0; q < P<T>; ++q) a.b[q] = R::Combine::eval(a.b[q], v.b[q]);
+}
+template <class R, class T> inline void acc_n(T& a, const V<T>& v, int n) {
+    alignas(64) T l[L];
+    for (int q = 0; q < P<T>; ++q) v.b[q].store_aligned(l + q * W<T>);
+    for (int k = 0; k < n; ++k) a = R::Combine::eval(a, l[k]);
+}
 // Element offsets of a segment start: idx (the multi-index) against each access's strides.
 template <int R> inline i64 offset(const i64* idx, const i64* strides) {
     i64 o = 0;
@@ -88,11 +115,15 @@ template <int R> inline i64 offset(const i64* idx, const i64* strides) {
 }  // namespace kj
 )";
 
-/// The signature every generated kernel exports as `kiln_group`: pointers of the accesses (leaves,
+/// The signature of an elementwise group's kernel (exported as `kiln_kernel`): pointers of the accesses (leaves,
 /// the result, side outputs), the space's shape, each access's strides (rank per access, in
 /// elements), the scalars, and the element range [begin, end) of the space to compute.
 using GroupFn = void (*)(void* const* ptrs, const std::int64_t* shape, const std::int64_t* strides,
                          const double* scalars, std::int64_t begin, std::int64_t end);
+/// A row group's kernel (`kiln_kernel` too): the accesses (leaves, then outputs), the outer shape,
+/// each access's outer strides, the scalars, the row length, and the rows [begin, end) to compute.
+using RowsFn = void (*)(void* const* ptrs, const std::int64_t* outer_shape, const std::int64_t* outer_strides,
+                        const double* scalars, std::int64_t inner, std::int64_t begin, std::int64_t end);
 
 /// C++ spelling of a dtype's storage type in generated code.
 inline std::string_view cpp_type(DType d) {
@@ -129,7 +160,7 @@ inline std::string group_source(const TileProgram& p) {
     s.reserve(4096);
     s += "#include \"kiln_cpu_prelude.hpp\"\n";
     s += "// kiln CPU kernel: " + std::to_string(p.instrs.size()) + " ops over rank " + std::to_string(R) + "\n";
-    s += "extern \"C\" void kiln_group(void* const* ptr, const kj::i64* shape, const kj::i64* strides, const double* sc,\n"
+    s += "extern \"C\" void kiln_kernel(void* const* ptr, const kj::i64* shape, const kj::i64* strides, const double* sc,\n"
          "                           kj::i64 begin, kj::i64 end) {\n";
     s += "    using namespace kj;\n    constexpr int R = " + std::to_string(R) + ";\n";
     for (std::size_t k = 0; k < acc.size(); ++k) {
@@ -215,6 +246,237 @@ inline std::string group_source(const TileProgram& p) {
     s += "        if (i < n) chunk.template operator()<false>(i, static_cast<int>(n - i));\n";
     s += "        pos += n;\n        idx[R - 1] += n;\n";
     s += "        for (int d = R - 1; d > 0 && idx[d] == shape[d]; --d) { idx[d] = 0; ++idx[d - 1]; }\n";
+    s += "    }\n}\n";
+    return s;
+}
+
+/// A row group for generated code: every member computes in `ct`, row by row; rows are the
+/// innermost (reduced) dim, the outer dims any rank. Values: leaf k -> k, scalar k -> leaves + k,
+/// member m -> leaves + scalars + m.
+struct RowProgram {
+    struct Leaf {
+        DType dtype;
+        bool varies;  ///< along the row (then read with inner stride 1); else one value per row
+    };
+    struct Member {
+        bool reduce = false;
+        bool vec = false;            ///< elementwise with a value per element of the row
+        ops::OpId op = 0;            ///< elementwise
+        DType attr = DType::f32;     ///< cast target
+        ops::ReduceId rid = 0;       ///< reduce: the table entry (mean accumulates a sum)
+        bool mean = false;
+        double correction = 0;       ///< mean: divides by inner - correction
+        int in[3] = {-1, -1, -1};
+    };
+    struct Out {
+        int member;
+        DType dtype;  ///< a vec member's row (inner stride 1) or a row scalar
+    };
+    DType ct = DType::f32;
+    int outer_rank = 1;
+    std::vector<Leaf> leaves;
+    std::size_t scalars = 0;
+    std::vector<Member> members;
+    std::vector<Out> outs;
+};
+
+/// The source of a row program's kernel `kiln_kernel(ptrs, outer_shape, outer_strides, scalars,
+/// inner, begin_row, end_row)`, or "" where not covered. Members run in stages: one loop over the
+/// row per stage (leaves re-read from L1), a stage ending where a value needs a reduction of the
+/// same loop; row values used by a later stage go through a row buffer; scalar members run
+/// between stages. Reductions combine per chunk, flushed per tile of the row (the interpreter's
+/// order: tile_elems elements, then the accumulator of the reduction's table entry).
+inline std::string row_source(const RowProgram& p) {
+    const std::size_t nl = p.leaves.size(), ns = p.scalars, nm = p.members.size();
+    const int O = p.outer_rank;
+    if (nm == 0 || O < 1 || O > max_rank) return "";
+    const DType ct = program_detail::kernel_ct(p.ct);
+    const std::string T(cpp_type(ct));
+    auto is_member = [&](int v) { return v >= static_cast<int>(nl + ns); };
+    auto member_of = [&](int v) { return static_cast<std::size_t>(v) - nl - ns; };
+    // stage of each vec member and reduction, stage after which each scalar value is ready
+    std::vector<int> stage(nm, 0), ready(nm, 0);
+    auto value_ready = [&](int v) { return is_member(v) && !p.members[member_of(v)].vec ? ready[member_of(v)] : 0; };
+    auto value_stage = [&](int v) { return is_member(v) && p.members[member_of(v)].vec ? stage[member_of(v)] : 0; };
+    auto varies = [&](int v) {
+        if (v < static_cast<int>(nl)) return p.leaves[static_cast<std::size_t>(v)].varies;
+        return is_member(v) && p.members[member_of(v)].vec;
+    };
+    int stages = 1;
+    for (std::size_t m = 0; m < nm; ++m) {
+        const auto& mb = p.members[m];
+        int st = 0;
+        for (int k = 0; k < 3; ++k)
+            if (mb.in[k] >= 0) st = std::max({st, value_ready(mb.in[k]), value_stage(mb.in[k])});
+        if (mb.reduce) {
+            if (!varies(mb.in[0])) return "";  // a reduction of a row constant: the interpreter's
+            stage[m] = st;
+            ready[m] = st + 1;
+            stages = std::max(stages, st + 1);
+        } else if (mb.vec) {
+            stage[m] = st;
+            stages = std::max(stages, st + 1);
+        } else {
+            ready[m] = st;
+        }
+    }
+    // row buffers: vec members read in a later stage than their own
+    std::vector<int> buffer(nm, -1);
+    int nbuf = 0;
+    for (std::size_t m = 0; m < nm; ++m)
+        for (int k = 0; k < 3; ++k) {
+            const int v = p.members[m].in[k];
+            if (v >= 0 && is_member(v) && p.members[member_of(v)].vec && buffer[member_of(v)] < 0 &&
+                (p.members[m].reduce || p.members[m].vec ? stage[m] : ready[m]) > stage[member_of(v)])
+                buffer[member_of(v)] = nbuf++;
+        }
+    for (std::size_t m = 0; m < nm; ++m)  // a vec member read by a scalar member: not covered
+        for (int k = 0; k < 3; ++k) {
+            const int v = p.members[m].in[k];
+            if (!p.members[m].vec && !p.members[m].reduce && v >= 0 && varies(v)) return "";
+        }
+    std::string s;
+    s.reserve(8192);
+    s += "#include \"kiln_cpu_prelude.hpp\"\n";
+    s += "// kiln CPU row kernel: " + std::to_string(nm) + " members in " + std::to_string(stages) + " passes over each row\n";
+    s += "extern \"C\" void kiln_kernel(void* const* ptr, const kj::i64* oshape, const kj::i64* ostr, const double* sc, kj::i64 inner,\n"
+         "                          kj::i64 begin, kj::i64 end) {\n";
+    s += "    using namespace kj;\n    using T = " + T + ";\n    constexpr int O = " + std::to_string(O) + ";\n";
+    const std::size_t na = nl + p.outs.size();
+    for (std::size_t k = 0; k < na; ++k) {
+        const bool out = k >= nl;
+        const std::string ty(cpp_type(out ? p.outs[k - nl].dtype : p.leaves[k].dtype));
+        s += "    " + std::string(out ? "" : "const ") + ty + "* const a" + std::to_string(k) + " = static_cast<" + (out ? "" : "const ") +
+             ty + "*>(ptr[" + std::to_string(k) + "]);\n";
+    }
+    for (std::size_t k = 0; k < ns; ++k)
+        s += "    const T c" + std::to_string(k) + " = static_cast<T>(sc[" + std::to_string(k) + "]);\n";
+    if (nbuf > 0) s += "    std::vector<T> buf(static_cast<std::size_t>(" + std::to_string(nbuf) + " * inner + L));\n";
+    s += "    i64 idx[O];\n    {\n        i64 rem = begin;\n"
+         "        for (int d = O - 1; d >= 0; --d) { idx[d] = rem % oshape[d]; rem /= oshape[d]; }\n    }\n";
+    s += "    for (i64 o = begin; o < end; ++o) {\n";
+    for (std::size_t k = 0; k < na; ++k) {
+        const bool out = k >= nl;
+        const std::string ty(cpp_type(out ? p.outs[k - nl].dtype : p.leaves[k].dtype));
+        s += "        " + std::string(out ? "" : "const ") + ty + "* const p" + std::to_string(k) + " = a" + std::to_string(k) +
+             " + offset<O>(idx, ostr + " + std::to_string(k * static_cast<std::size_t>(O)) + ");\n";
+    }
+    for (std::size_t k = 0; k < nl; ++k)
+        if (!p.leaves[k].varies) s += "        const T l" + std::to_string(k) + " = cv<T>(p" + std::to_string(k) + "[0]);\n";
+    // a value as a scalar of T (row constants) or, inside a chunk, as V<T>
+    auto scalar_name = [&](int v) -> std::string {
+        if (v < static_cast<int>(nl)) return "l" + std::to_string(v);
+        if (v < static_cast<int>(nl + ns)) return "c" + std::to_string(v - static_cast<int>(nl));
+        return "m" + std::to_string(member_of(v));
+    };
+    auto scalar_members = [&](int at) {
+        for (std::size_t m = 0; m < nm; ++m) {
+            const auto& mb = p.members[m];
+            if (mb.vec || mb.reduce || ready[m] != at) continue;
+            s += "        const T m" + std::to_string(m) + " = sop<Op<" + std::to_string(mb.op) + ">, T>(DType(" +
+                 std::to_string(static_cast<int>(mb.attr)) + ")";
+            for (int k = 0; k < 3; ++k)
+                if (mb.in[k] >= 0) s += ", " + scalar_name(mb.in[k]);
+            s += ");  // " + std::string(ops::op_name(mb.op)) + "\n";
+        }
+    };
+    for (int st = 0; st < stages; ++st) {
+        scalar_members(st);
+        s += "        // pass " + std::to_string(st) + "\n";
+        std::vector<std::size_t> reds;
+        for (std::size_t m = 0; m < nm; ++m)
+            if (p.members[m].reduce && stage[m] == st) reds.push_back(m);
+        for (std::size_t m : reds) {
+            const std::string ms = std::to_string(m), R = "Red<" + std::to_string(p.members[m].rid) + ">";
+            s += "        using R" + ms + " = " + R + ";\n";
+            s += "        Acc<R" + ms + ", T> acc" + ms + " = static_cast<Acc<R" + ms + ", T>>(R" + ms + "::template identity<T>());\n";
+        }
+        s += "        for (i64 t0 = 0; t0 < inner; t0 += " + std::to_string(tile_elems) + ") {\n";
+        s += "            const i64 tn = std::min<i64>(" + std::to_string(tile_elems) + ", inner - t0);\n";
+        for (std::size_t m : reds) {
+            const std::string ms = std::to_string(m);
+            s += "            V<T> ab" + ms + " = splat<T>(R" + ms + "::template identity<T>());\n";
+            s += "            T at" + ms + " = R" + ms + "::template identity<T>();\n";
+        }
+        s += "            auto chunk = [&]<bool Full>(i64 i, int n) {\n";
+        // values this stage reads: leaves (varying) loaded, earlier-stage vec members from buffers
+        std::vector<int> loaded;
+        auto vec_name = [&](int v) -> std::string {
+            if (v < static_cast<int>(nl)) {
+                if (!p.leaves[static_cast<std::size_t>(v)].varies) return "splat<T>(l" + std::to_string(v) + ")";
+                if (std::find(loaded.begin(), loaded.end(), v) == loaded.end()) {
+                    loaded.push_back(v);
+                    s += "                const V<T> x" + std::to_string(v) + " = ld<Full, T>(p" + std::to_string(v) + " + i, 1, n);\n";
+                }
+                return "x" + std::to_string(v);
+            }
+            if (v < static_cast<int>(nl + ns)) return "splat<T>(c" + std::to_string(v - static_cast<int>(nl)) + ")";
+            const std::size_t m = member_of(v);
+            if (!p.members[m].vec) return "splat<T>(m" + std::to_string(m) + ")";
+            if (stage[m] == st) return "v" + std::to_string(m);
+            if (std::find(loaded.begin(), loaded.end(), v) == loaded.end()) {
+                loaded.push_back(v);
+                s += "                const V<T> v" + std::to_string(m) + " = ld<Full, T>(buf.data() + " + std::to_string(buffer[m]) +
+                     " * inner + i, 1, n);\n";
+            }
+            return "v" + std::to_string(m);
+        };
+        for (std::size_t m = 0; m < nm; ++m) {
+            const auto& mb = p.members[m];
+            if (mb.reduce && stage[m] == st) {
+                const std::string ms = std::to_string(m), x = vec_name(mb.in[0]);
+                s += "                if constexpr (Full) acc<R" + ms + ">(ab" + ms + ", " + x + "); else acc_n<R" + ms + ">(at" + ms + ", " + x +
+                     ", n);\n";
+                continue;
+            }
+            if (!mb.vec || stage[m] != st) continue;
+            const std::string ms = std::to_string(m);
+            // a row divided by one value (softmax's normalization): times its reciprocal, as the interpreter
+            if (mb.op == ops::op_id<ops::Div> && varies(mb.in[0]) && !varies(mb.in[1])) {
+                const std::string a = vec_name(mb.in[0]);
+                s += "                const V<T> v" + ms + " = op<Op<" + std::to_string(ops::op_id<ops::Mul>) + ">, T>(DType(" +
+                     std::to_string(static_cast<int>(mb.attr)) + "), " + a + ", splat<T>(T(1) / " + scalar_name(mb.in[1]) + "));  // div\n";
+            } else {
+                std::vector<std::string> args;
+                for (int k = 0; k < 3; ++k)
+                    if (mb.in[k] >= 0) args.push_back(vec_name(mb.in[k]));
+                s += "                const V<T> v" + ms + " = op<Op<" + std::to_string(mb.op) + ">, T>(DType(" +
+                     std::to_string(static_cast<int>(mb.attr)) + ")";
+                for (const auto& a : args) s += ", " + a;
+                s += ");  // " + std::string(ops::op_name(mb.op)) + "\n";
+            }
+            if (buffer[m] >= 0) s += "                st<Full>(buf.data() + " + std::to_string(buffer[m]) + " * inner + i, 1, n, v" + ms + ");\n";
+            for (std::size_t k = 0; k < p.outs.size(); ++k)
+                if (p.outs[k].member == static_cast<int>(m))
+                    s += "                st<Full>(p" + std::to_string(nl + k) + " + i, 1, n, v" + ms + ");\n";
+        }
+        s += "            };\n";
+        s += "            i64 i = 0;\n";
+        s += "            for (; i + L <= tn; i += L) chunk.template operator()<true>(t0 + i, L);\n";
+        s += "            if (i < tn) chunk.template operator()<false>(t0 + i, static_cast<int>(tn - i));\n";
+        for (std::size_t m : reds) {
+            const std::string ms = std::to_string(m);
+            s += "            acc" + ms + " = R" + ms + "::Combine::eval(acc" + ms + ", static_cast<Acc<R" + ms + ", T>>(R" + ms +
+                 "::Combine::eval(hred<R" + ms + ">(ab" + ms + "), at" + ms + ")));\n";
+        }
+        s += "        }\n";
+        for (std::size_t m : reds) {
+            const std::string ms = std::to_string(m);
+            if (p.members[m].mean) {
+                char corr[64];
+                std::snprintf(corr, sizeof corr, "%.17g", p.members[m].correction);
+                s += "        acc" + ms + " = static_cast<Acc<R" + ms + ", T>>(acc" + ms + " / static_cast<Acc<R" + ms +
+                     ", T>>(std::max(0.0, static_cast<double>(inner) - " + corr + ")));\n";
+            }
+            s += "        const T m" + ms + " = static_cast<T>(acc" + ms + ");\n";
+        }
+    }
+    scalar_members(stages);
+    for (std::size_t k = 0; k < p.outs.size(); ++k)
+        if (!p.members[static_cast<std::size_t>(p.outs[k].member)].vec)
+            s += "        p" + std::to_string(nl + k) + "[0] = kiln::detail::store_as<" + std::string(cpp_type(p.outs[k].dtype)) + ">(m" +
+                 std::to_string(p.outs[k].member) + ");\n";
+    s += "        for (int d = O - 1; d >= 0; --d) { if (++idx[d] < oshape[d]) break; idx[d] = 0; }\n";
     s += "    }\n}\n";
     return s;
 }

@@ -98,6 +98,33 @@ inline Tensor output_tensor(std::vector<Tensor>& vals, int id, const Shape& shap
     return v;
 }
 
+/// A group's generated C++ kernels, one per operand layout seen (rank, dtypes, innermost stride
+/// class): the source is made once per layout, the kernel asked for until it is loaded.
+struct GroupKernels {
+    struct Entry {
+        std::string layout, source;
+        void* fn = nullptr;
+    };
+    std::mutex mu;
+    std::vector<Entry> entries;
+
+    /// The kernel for a layout: its source made once (by `make`, "" where not covered), the
+    /// kernel asked for until it is loaded; nullptr meanwhile.
+    template <class Make>
+    void* get(const std::string& layout, Make&& make) {
+        std::lock_guard lock(mu);
+        Entry* e = nullptr;
+        for (auto& x : entries)
+            if (x.layout == layout) e = &x;
+        if (!e) {
+            entries.push_back({layout, make(), nullptr});
+            e = &entries.back();
+        }
+        if (!e->fn && !e->source.empty()) e->fn = cppgen::kernel_for(e->source);
+        return e->fn;
+    }
+};
+
 /// Reusable per-thread buffers for the row kernels' transposed copies (no allocation once warm).
 template <class T>
 inline T* transpose_scratch(std::size_t which, std::size_t n) {
@@ -116,8 +143,9 @@ inline bool varies_along(const Shape& s, const Shape& space, unsigned mask) {
     return false;
 }
 
-/// One row group: for each row (kept index), every member in order, on row buffers.
-inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
+/// One row group: for each row (kept index), every member in order, on row buffers; through its
+/// generated C++ kernel once that is loaded (memo), where the rows are contiguous.
+inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, GroupKernels* memo = nullptr) {
     const Shape& S = G.space;
     Shape outer_shape, inner_shape;
     for (int d = 0; d < S.rank(); ++d) ((G.mask & (1u << d)) ? inner_shape : outer_shape).push_back(S[d]);
@@ -170,6 +198,79 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
         outs.push_back(std::move(out));
     }
     const IterSpace inner_space{inner_shape};
+    if (memo && cpu_codegen() != CpuCodegen::off && inner_shape.rank() == 1 && inner > 0 && outer > 0) {
+        // generated: rows read and written with inner stride 1 (a strided row is the interpreter's,
+        // which transposes it in blocks first)
+        bool rows_contiguous = true;
+        for (const Leaf& lf : leaves) rows_contiguous = rows_contiguous && (!lf.varies || lf.inner.strides[0] == 1);
+        for (const Out& out : outs) rows_contiguous = rows_contiguous && (!vec[out.member] || out.inner.strides[0] == 1);
+        bool covered = rows_contiguous;
+        for (int i : G.nodes) covered = covered && g[i].kind != ir::Kind::arg_reduce;
+        if (covered) {
+            std::vector<double> scalars;
+            std::vector<int> scalar_ids;
+            for (int i : G.nodes)
+                for (int j : g[i].in)
+                    if (g[j].kind == ir::Kind::scalar && std::find(scalar_ids.begin(), scalar_ids.end(), j) == scalar_ids.end()) {
+                        scalar_ids.push_back(j);
+                        scalars.push_back(g[j].value);
+                    }
+            auto make = [&] {
+                cppgen::RowProgram rp;
+                rp.ct = G.ct;
+                rp.outer_rank = std::max(1, outer_shape.rank());
+                for (const Leaf& lf : leaves) rp.leaves.push_back({lf.inner.dtype, lf.varies});
+                rp.scalars = scalars.size();
+                const int nl = static_cast<int>(leaves.size()), ns = static_cast<int>(scalars.size());
+                for (std::size_t m = 0; m < nm; ++m) {
+                    const ir::Node& n = g[G.nodes[m]];
+                    cppgen::RowProgram::Member mb;
+                    mb.reduce = n.kind != ir::Kind::elementwise;
+                    mb.vec = vec[m] != 0;
+                    mb.op = n.op;
+                    mb.attr = n.attr;
+                    mb.rid = static_cast<ops::ReduceId>(n.rkind);
+                    mb.mean = n.rkind == ir::ReduceKind::mean;
+                    mb.correction = n.correction;
+                    for (std::size_t k = 0; k < n.in.size() && k < 3; ++k) {
+                        const int j = n.in[k];
+                        if (g[j].kind == ir::Kind::scalar)
+                            mb.in[k] = nl + static_cast<int>(std::find(scalar_ids.begin(), scalar_ids.end(), j) - scalar_ids.begin());
+                        else if (is_member[static_cast<std::size_t>(j)])
+                            mb.in[k] = nl + ns + slot[static_cast<std::size_t>(j)];
+                        else
+                            mb.in[k] = slot[static_cast<std::size_t>(j)];
+                    }
+                    rp.members.push_back(mb);
+                }
+                for (const Out& out : outs) rp.outs.push_back({static_cast<int>(out.member), out.dtype});
+                return cppgen::row_source(rp);
+            };
+            if (const auto fn = reinterpret_cast<cppgen::RowsFn>(memo->get("rows", make))) {
+                const int O = std::max(1, outer_shape.rank());
+                const Shape oshape = outer_shape.rank() ? outer_shape : Shape{1};
+                std::vector<void*> ptrs;
+                std::vector<std::int64_t> ostr;
+                auto outer_strides = [&](const Strides& st) {
+                    for (int d = 0; d < O; ++d) ostr.push_back(outer_shape.rank() ? st[d] : 0);
+                };
+                for (const Leaf& lf : leaves) {
+                    ptrs.push_back(lf.inner.base);
+                    outer_strides(lf.outer);
+                }
+                const Strides flat = contiguous_strides(oshape);
+                for (const Out& out : outs) {
+                    ptrs.push_back(vec[out.member] ? out.inner.base : out.flat);
+                    outer_strides(vec[out.member] ? out.outer : flat);
+                }
+                const std::int64_t grain = std::max<std::int64_t>(1, parallel_grain / inner);
+                parallel_for(outer, grain, [&](std::int64_t b, std::int64_t e) {
+                    fn(ptrs.data(), oshape.begin(), ostr.data(), scalars.data(), inner, b, e);
+                });
+                return;
+            }
+        }
+    }
     visit_ct(G.ct, [&](auto tag) {
         using T = typename decltype(tag)::type;
         // Rows along a strided axis (a reduction over a leading axis): rows would gather one
@@ -426,17 +527,6 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
     }
 }
 
-/// A group's generated C++ kernels, one per operand layout seen (rank, dtypes, innermost stride
-/// class): the source is made once per layout, the kernel asked for until it is loaded.
-struct GroupKernels {
-    struct Entry {
-        std::string layout, source;
-        cppgen::GroupFn fn = nullptr;
-    };
-    std::mutex mu;
-    std::vector<Entry> entries;
-};
-
 /// The generated kernel for a collapsed program, or nullptr (codegen off, not covered, building).
 inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo) {
     if (cpu_codegen() == CpuCodegen::off) return nullptr;
@@ -449,16 +539,7 @@ inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo
     for (const Access& a : p.leaves) add(a);
     add(p.out);
     for (const auto& sd : p.side) add(sd.second);
-    std::lock_guard lock(memo.mu);
-    GroupKernels::Entry* e = nullptr;
-    for (auto& x : memo.entries)
-        if (x.layout == layout) e = &x;
-    if (!e) {
-        memo.entries.push_back({layout, cppgen::group_source(p), nullptr});
-        e = &memo.entries.back();
-    }
-    if (!e->fn && !e->source.empty()) e->fn = cppgen::kernel_for(e->source);
-    return e->fn;
+    return reinterpret_cast<cppgen::GroupFn>(memo.get(layout, [&] { return cppgen::group_source(p); }));
 }
 
 /// Runs a collapsed program through its generated kernel, threaded over tile-aligned runs.
@@ -520,7 +601,9 @@ public:
             case fuse::Group::Kind::elementwise:
                 run_elementwise_group(g_, G, vals, kernels_ && k < kernels_->size() ? &(*kernels_)[k] : nullptr);
                 break;
-            case fuse::Group::Kind::row: run_row_group(g_, G, vals); break;
+            case fuse::Group::Kind::row:
+                run_row_group(g_, G, vals, kernels_ && k < kernels_->size() ? &(*kernels_)[k] : nullptr);
+                break;
             case fuse::Group::Kind::reduce: run_reduce_group(g_, G, vals); break;
             case fuse::Group::Kind::matmul: {
                 const ir::Node& n = g_[G.outputs[0]];
