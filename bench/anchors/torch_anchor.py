@@ -264,8 +264,16 @@ def _module(model, device, dtype):
 
 
 def make_workload(name, device, tiny):
-    """Builds one workload (inputs made with a fixed seed per workload, as kiln_bench does)."""
+    """Builds one workload (inputs made with a fixed seed per workload, as kiln_bench does). On the
+    CPU the shapes are kiln_bench's CPU rows' (chain16M / chain1M, bias_gelu and layernorm 8192 x
+    1024, softmax 4096 x 1024, blackscholes 4M), on the GPU its GPU rows'."""
     dev = device
+    cpu = torch.device(device).type == "cpu"
+    if name in ("chain16M", "chain1M"):
+        n = (1 << 16) if tiny else (16 << 20 if name == "chain16M" else 1 << 20)
+        g = _gen(dev, 1)
+        x = _randn((n,), dev, g) * 2.0
+        return dict(fn=chain_fn, inputs=(x,), bytes=2 * 4 * n, flops=0, math=MATH_F32, tol=TOL_F32_EW)
     if name == "sincos_scalar":
         g = _gen(dev, 6)
         x = _randn((1,), dev, g)
@@ -276,12 +284,12 @@ def make_workload(name, device, tiny):
         x = _randn((n,), dev, g) * 2.0  # kiln_bench: randn * 2
         return dict(fn=chain_fn, inputs=(x,), bytes=2 * 4 * n, flops=0, math=MATH_F32, tol=TOL_F32_EW)
     if name == "bias_gelu":
-        r, c = (64, 256) if tiny else (8192, 4096)
+        r, c = (64, 256) if tiny else (8192, 1024 if cpu else 4096)
         g = _gen(dev, 2)
         x, b = _randn((r, c), dev, g), _randn((c,), dev, g)
         return dict(fn=bias_gelu_fn, inputs=(x, b), bytes=4 * (2 * r * c + c), flops=0, math=MATH_F32, tol=TOL_F32_EW)
     if name == "softmax":
-        r, c = (64, 256) if tiny else (8192, 4096)
+        r, c = (64, 256) if tiny else (4096, 1024) if cpu else (8192, 4096)
         g = _gen(dev, 3)
         x = _randn((r, c), dev, g) * 3.0  # kiln_bench: randn * 3
         return dict(fn=softmax_fn, inputs=(x,), bytes=2 * 4 * r * c, flops=0, math=MATH_F32, tol=TOL_F32_EW)
@@ -293,14 +301,14 @@ def make_workload(name, device, tiny):
             return dict(fn=softmax_fn, inputs=(x,), bytes=2 * 4 * r * c, flops=0, math=MATH_F32, tol=TOL_F32_EW)
         return dict(fn=rowsum_fn, inputs=(x,), bytes=4 * (r * c + r), flops=0, math=MATH_F32, tol=TOL_F32_EW)
     if name == "layernorm":
-        r, c = (64, 256) if tiny else (8192, 4096)
+        r, c = (64, 256) if tiny else (8192, 1024 if cpu else 4096)
         g = _gen(dev, 4)
         x, w, b = _randn((r, c), dev, g), _randn((c,), dev, g), _randn((c,), dev, g)
         # kiln_bench counts the weight and bias too: 4 * (2 * numel + 2 * cols)
         return dict(fn=layernorm_fn, inputs=(x, w, b), bytes=4 * (2 * r * c + 2 * c), flops=0, math=MATH_F32,
                     tol=TOL_F32_EW)
     if name == "blackscholes":
-        n = (1 << 16) if tiny else (16 << 20)
+        n = (1 << 16) if tiny else (4 << 20 if cpu else 16 << 20)
         g = _gen(dev, 7)
         # kiln_bench: S, K uniform in [50, 100), T uniform in [0.25, 2.25)
         s = torch.rand((n,), generator=g, device=dev) * 50 + 50
@@ -357,12 +365,12 @@ def make_workload(name, device, tiny):
     raise ValueError(f"no workload {name}")
 
 
-WORKLOADS = ("sincos_scalar", "chain64M", "bias_gelu", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn",
+WORKLOADS = ("sincos_scalar", "chain64M", "chain16M", "chain1M", "bias_gelu", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn",
              "blackscholes",
              "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18",
              "bert_base_b1_f32", "bert_base_b1_bf16", "bert_base_b8x128_f32", "bert_base_b8x128_bf16", "minilm_32x64")
 # the workloads that run on the CPU only (--device cpu) and those that run on the GPU only
-CPU_ONLY = ("minilm_32x64",)
+CPU_ONLY = ("minilm_32x64", "chain16M", "chain1M")
 
 # Whole models: kiln_bench writes their weights (bert_base) and inputs, and its compiled output,
 # to KILN_BENCH_DATA (default /tmp/kiln-bench-data); the anchor loads the same ones into Hugging
