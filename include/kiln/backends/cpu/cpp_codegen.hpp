@@ -106,6 +106,10 @@ template <class R, class T> inline void acc_n(T& a, const V<T>& v, int n) {
     for (int q = 0; q < P<T>; ++q) v.b[q].store_aligned(l + q * W<T>);
     for (int k = 0; k < n; ++k) a = R::Combine::eval(a, l[k]);
 }
+// The multi-index of element `at` of a row-major shape.
+template <int R> inline void unravel(i64 at, const i64* shape, i64* idx) {
+    for (int d = R - 1; d >= 0; --d) { idx[d] = at % shape[d]; at /= shape[d]; }
+}
 // Element offsets of a segment start: idx (the multi-index) against each access's strides.
 template <int R> inline i64 offset(const i64* idx, const i64* strides) {
     i64 o = 0;
@@ -139,6 +143,23 @@ inline std::string_view cpp_type(DType d) {
     return "?";
 }
 
+/// Kernel text shared by both generators: access k's typed base pointer `a<k>` (read-only below
+/// `first_out`), and `p<k>`, that base at the multi-index `idx` (strides at `strides + k * rank`).
+inline void declare_bases(std::string& s, const std::vector<DType>& dtypes, std::size_t first_out) {
+    for (std::size_t k = 0; k < dtypes.size(); ++k) {
+        const std::string c = k < first_out ? "const " : "", ty = c + std::string(cpp_type(dtypes[k])) + "*";
+        s += "    " + ty + " const a" + std::to_string(k) + " = static_cast<" + ty + ">(ptr[" + std::to_string(k) + "]);\n";
+    }
+}
+inline void declare_at(std::string& s, const std::vector<DType>& dtypes, std::size_t first_out, const std::string& rank,
+                       const std::string& strides, int rank_value) {
+    for (std::size_t k = 0; k < dtypes.size(); ++k) {
+        const std::string c = k < first_out ? "const " : "";
+        s += "        " + c + std::string(cpp_type(dtypes[k])) + "* const p" + std::to_string(k) + " = a" + std::to_string(k) + " + offset<" +
+             rank + ">(idx, " + strides + " + " + std::to_string(k * static_cast<std::size_t>(rank_value)) + ");\n";
+    }
+}
+
 /// The source of `p`'s kernel (p collapsed, rank >= 1), or "" where the generator does not cover
 /// it (then the interpreter runs it). What the text fixes: the rank, each access's dtype and
 /// whether its innermost stride is 1, 0 or other, and the instruction list; sizes, strides,
@@ -148,12 +169,12 @@ inline std::string group_source(const TileProgram& p) {
     const int R = p.space.shape.rank();
     if (R < 1 || R > max_rank || p.instrs.empty()) return "";
     const std::size_t nl = p.leaves.size(), ns = p.scalars.size();
-    std::vector<const Access*> acc;
-    for (const Access& a : p.leaves) acc.push_back(&a);
-    acc.push_back(&p.out);
-    for (const auto& sd : p.side) acc.push_back(&sd.second);
-    for (const Access* a : acc)
+    const std::vector<const Access*> acc = p.accesses();
+    std::vector<DType> dtypes;
+    for (const Access* a : acc) {
         if (a->strides.rank() != R) return "";
+        dtypes.push_back(a->dtype);
+    }
     auto ct_name = [](DType ct) { return cpp_type(kernel_ct(ct)); };
     auto inner = [&](const Access& a) { return a.strides[R - 1]; };
     std::string s;
@@ -163,11 +184,7 @@ inline std::string group_source(const TileProgram& p) {
     s += "extern \"C\" void kiln_kernel(void* const* ptr, const kj::i64* shape, const kj::i64* strides, const double* sc,\n"
          "                           kj::i64 begin, kj::i64 end) {\n";
     s += "    using namespace kj;\n    constexpr int R = " + std::to_string(R) + ";\n";
-    for (std::size_t k = 0; k < acc.size(); ++k) {
-        const bool out = k >= nl;
-        s += "    " + std::string(out ? "" : "const ") + std::string(cpp_type(acc[k]->dtype)) + "* const a" + std::to_string(k) +
-             " = static_cast<" + (out ? "" : "const ") + std::string(cpp_type(acc[k]->dtype)) + "*>(ptr[" + std::to_string(k) + "]);\n";
-    }
+    declare_bases(s, dtypes, nl);
     // values: leaf k -> "x<k>", scalar k -> "s<k>_<ct>", instruction i -> "v<i>"; in a compute type
     // other than the one it was born in, through to<>.
     std::vector<DType> born(p.instrs.size());
@@ -184,17 +201,14 @@ inline std::string group_source(const TileProgram& p) {
     for (const auto& [k, ct] : splats)
         s += "    const V<" + std::string(ct_name(ct)) + "> " + splat_name(k, ct) + " = splat<" + std::string(ct_name(ct)) +
              ">(static_cast<" + std::string(ct_name(ct)) + ">(sc[" + std::to_string(k) + "]));\n";
-    s += "    i64 idx[R];\n    {\n        i64 rem = begin;\n"
-         "        for (int d = R - 1; d >= 0; --d) { idx[d] = rem % shape[d]; rem /= shape[d]; }\n    }\n";
+    s += "    i64 idx[R];\n    unravel<R>(begin, shape, idx);\n";
     s += "    for (i64 pos = begin; pos < end;) {\n";
     s += "        const i64 n = std::min(end - pos, shape[R - 1] - idx[R - 1]);\n";
-    for (std::size_t k = 0; k < acc.size(); ++k) {
-        const std::string ks = std::to_string(k);
-        s += "        " + std::string(k >= nl ? "" : "const ") + std::string(cpp_type(acc[k]->dtype)) + "* const p" + ks + " = a" + ks +
-             " + offset<R>(idx, strides + " + std::to_string(k * static_cast<std::size_t>(R)) + ");\n";
+    declare_at(s, dtypes, nl, "R", "strides", R);
+    for (std::size_t k = 0; k < acc.size(); ++k)
         if (inner(*acc[k]) != 0 && inner(*acc[k]) != 1)
-            s += "        const i64 is" + ks + " = strides[" + std::to_string(k * static_cast<std::size_t>(R) + static_cast<std::size_t>(R - 1)) + "];\n";
-    }
+            s += "        const i64 is" + std::to_string(k) + " = strides[" +
+                 std::to_string(k * static_cast<std::size_t>(R) + static_cast<std::size_t>(R - 1)) + "];\n";
     // leaves constant along the segment (inner stride 0): one value per segment, per compute type read in
     std::vector<std::pair<std::size_t, DType>> uses;  // (leaf, compute type) pairs the instructions read
     for (const auto& ins : p.instrs)
@@ -342,25 +356,16 @@ inline std::string row_source(const RowProgram& p) {
     s += "extern \"C\" void kiln_kernel(void* const* ptr, const kj::i64* oshape, const kj::i64* ostr, const double* sc, kj::i64 inner,\n"
          "                          kj::i64 begin, kj::i64 end) {\n";
     s += "    using namespace kj;\n    using T = " + T + ";\n    constexpr int O = " + std::to_string(O) + ";\n";
-    const std::size_t na = nl + p.outs.size();
-    for (std::size_t k = 0; k < na; ++k) {
-        const bool out = k >= nl;
-        const std::string ty(cpp_type(out ? p.outs[k - nl].dtype : p.leaves[k].dtype));
-        s += "    " + std::string(out ? "" : "const ") + ty + "* const a" + std::to_string(k) + " = static_cast<" + (out ? "" : "const ") +
-             ty + "*>(ptr[" + std::to_string(k) + "]);\n";
-    }
+    std::vector<DType> dtypes;
+    for (const auto& l : p.leaves) dtypes.push_back(l.dtype);
+    for (const auto& o : p.outs) dtypes.push_back(o.dtype);
+    declare_bases(s, dtypes, nl);
     for (std::size_t k = 0; k < ns; ++k)
         s += "    const T c" + std::to_string(k) + " = static_cast<T>(sc[" + std::to_string(k) + "]);\n";
     if (nbuf > 0) s += "    std::vector<T> buf(static_cast<std::size_t>(" + std::to_string(nbuf) + " * inner + L));\n";
-    s += "    i64 idx[O];\n    {\n        i64 rem = begin;\n"
-         "        for (int d = O - 1; d >= 0; --d) { idx[d] = rem % oshape[d]; rem /= oshape[d]; }\n    }\n";
+    s += "    i64 idx[O];\n    unravel<O>(begin, oshape, idx);\n";
     s += "    for (i64 o = begin; o < end; ++o) {\n";
-    for (std::size_t k = 0; k < na; ++k) {
-        const bool out = k >= nl;
-        const std::string ty(cpp_type(out ? p.outs[k - nl].dtype : p.leaves[k].dtype));
-        s += "        " + std::string(out ? "" : "const ") + ty + "* const p" + std::to_string(k) + " = a" + std::to_string(k) +
-             " + offset<O>(idx, ostr + " + std::to_string(k * static_cast<std::size_t>(O)) + ");\n";
-    }
+    declare_at(s, dtypes, nl, "O", "ostr", O);
     for (std::size_t k = 0; k < nl; ++k)
         if (!p.leaves[k].varies) s += "        const T l" + std::to_string(k) + " = cv<T>(p" + std::to_string(k) + "[0]);\n";
     // a value as a scalar of T (row constants) or, inside a chunk, as V<T>

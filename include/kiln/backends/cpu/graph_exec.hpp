@@ -531,14 +531,11 @@ inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vect
 inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo) {
     if (cpu_codegen() == CpuCodegen::off) return nullptr;
     std::string layout(1, static_cast<char>(p.space.shape.rank()));
-    auto add = [&](const Access& a) {
-        const std::int64_t in = a.strides.rank() ? a.strides[a.strides.rank() - 1] : 1;
-        layout += static_cast<char>(a.dtype);
+    for (const Access* a : p.accesses()) {
+        const std::int64_t in = a->strides.rank() ? a->strides[a->strides.rank() - 1] : 1;
+        layout += static_cast<char>(a->dtype);
         layout += static_cast<char>(in == 0 ? 0 : in == 1 ? 1 : 2);
-    };
-    for (const Access& a : p.leaves) add(a);
-    add(p.out);
-    for (const auto& sd : p.side) add(sd.second);
+    }
     return reinterpret_cast<cppgen::GroupFn>(memo.get(layout, [&] { return cppgen::group_source(p); }));
 }
 
@@ -547,13 +544,10 @@ inline void run_generated(const TileProgram& p, cppgen::GroupFn fn) {
     std::vector<void*> ptrs;
     std::vector<std::int64_t> strides;
     const int R = p.space.shape.rank();
-    auto add = [&](const Access& a) {
-        ptrs.push_back(a.base);
-        for (int d = 0; d < R; ++d) strides.push_back(a.strides[d]);
-    };
-    for (const Access& a : p.leaves) add(a);
-    add(p.out);
-    for (const auto& sd : p.side) add(sd.second);
+    for (const Access* a : p.accesses()) {
+        ptrs.push_back(a->base);
+        for (int d = 0; d < R; ++d) strides.push_back(a->strides[d]);
+    }
     const std::int64_t* shape = p.space.shape.begin();
     const std::int64_t n = p.space.numel(), tiles = (n + tile_elems - 1) / tile_elems;
     parallel_for(tiles, parallel_grain / tile_elems, [&](std::int64_t tb, std::int64_t te) {

@@ -37,6 +37,15 @@ struct TileProgram {
     /// instruction's value index and where it goes.
     std::vector<std::pair<int, Access>> side;
 
+    /// Every access in the order generated kernels take them: the leaves, the result, the side outputs.
+    std::vector<const Access*> accesses() const {
+        std::vector<const Access*> all;
+        for (const Access& a : leaves) all.push_back(&a);
+        all.push_back(&out);
+        for (const auto& sd : side) all.push_back(&sd.second);
+        return all;
+    }
+
     int leaf_value(int i) const { return i; }
     int scalar_value(int i) const { return static_cast<int>(leaves.size()) + i; }
     int instr_value(int i) const { return static_cast<int>(leaves.size() + scalars.size()) + i; }
