@@ -23,8 +23,9 @@ set(KILN_LAYERS
   "autograd: autograd/"
   "compile: compile/ compile.hpp"
   "nn: nn/"
+  "export: export/"
   "dist: dist/"
-  "umbrella: kiln.hpp nn.hpp dist.hpp src.hpp"
+  "umbrella: kiln.hpp nn.hpp dist.hpp export.hpp src.hpp"
 )
 
 # layer index of a path relative to include/kiln/ (the longest matching entry), or -1

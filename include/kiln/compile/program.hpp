@@ -176,6 +176,30 @@ inline bool rederive_view(ir::Node& v, const Shape& from, const Shape& to) {
     return true;
 }
 
+/// A view's numbers from its formulas (ir::SymView) for inputs of these shapes: `shape` receives
+/// the view's shape, the node its strides and offset. False where they leave the operand (of shape
+/// `of`) or make a negative size.
+inline bool apply_sym_view(ir::Node& n, Shape& shape, const std::vector<Shape>& inputs, const Shape& of) {
+    const ir::SymView& s = *n.sym;
+    Shape sh;
+    Dims st;
+    std::int64_t last = s.eval(s.offset, inputs);
+    bool empty = false;
+    for (std::size_t d = 0; d < s.shape.size(); ++d) {
+        const std::int64_t e = s.eval(s.shape[d], inputs), k = s.eval(s.strides[d], inputs);
+        if (e < 0 || k < 0) return false;
+        sh.push_back(e);
+        st.push_back(k);
+        empty = empty || e == 0;
+        last += (e - 1) * k;
+    }
+    if (s.eval(s.offset, inputs) < 0 || (!empty && last >= of.numel())) return false;
+    shape = sh;
+    n.args = st;
+    n.value = static_cast<double>(s.eval(s.offset, inputs));
+    return true;
+}
+
 /// Shapes of every node for inputs of these shapes (dynamic programs re-derive them on each
 /// call). Returns -1, or the first node whose shape cannot be derived: operands that do not
 /// broadcast, matrices that do not multiply, or a view that cannot follow a changed dim (rederive_view).
@@ -205,9 +229,19 @@ inline int infer_shapes(ir::Graph& g, const std::vector<Shape>& inputs) {
                 break;
             }
             case ir::Kind::view:
-                if (!rederive_view(n, recorded[static_cast<std::size_t>(n.in[0])], g[n.in[0]].shape)) return i;
+                if (n.sym) {
+                    if (!apply_sym_view(n, n.shape, inputs, g[n.in[0]].shape)) return i;
+                } else if (!rederive_view(n, recorded[static_cast<std::size_t>(n.in[0])], g[n.in[0]].shape)) {
+                    return i;
+                }
                 break;
             case ir::Kind::view_write: {  // the view written into follows its base like a view
+                if (n.sym) {
+                    Shape vs;
+                    if (!apply_sym_view(n, vs, inputs, g[n.in[0]].shape) || !(vs == g[n.in[1]].shape)) return i;
+                    n.shape = g[n.in[0]].shape;
+                    break;
+                }
                 ir::Node v;
                 v.shape = recorded[static_cast<std::size_t>(n.in[1])];
                 v.args = n.args;

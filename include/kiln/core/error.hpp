@@ -32,6 +32,13 @@ class GradError : public Error { using Error::Error; };
 /// Distributed work failed (kiln::dist): a rank that exited or lost its connection, a collective
 /// that timed out, a rendezvous that did not complete, ranks started with different world sizes.
 class DistError : public Error { using Error::Error; };
+/// kiln::export_program could not capture a function as one self-contained program (a graph break,
+/// a dim declared dynamic that the program must specialize, an op with no saved form), or a program
+/// file could not be written.
+class ExportError : public Error { using Error::Error; };
+/// An input outside an exported program's shape constraints: a dynamic dim out of its declared
+/// range, two dims declared equal that differ, a static dim that changed (a ShapeError).
+class ConstraintError : public ShapeError { using ShapeError::ShapeError; };
 /// A bug in kiln itself, never the user's fault.
 class InternalError : public Error { using Error::Error; };
 

@@ -60,8 +60,9 @@ KILN_DECL void record_view(const Tensor& src, Tensor& view, const ViewOp& op);
 namespace trace {
 /// A value of the graph being traced (trace/tracer.hpp): what a tracing tensor stands for.
 struct Value;
-/// Graph break: the concrete tensor a tracing tensor stands for (defined in trace/tracer.hpp).
-Tensor materialize(const Tensor& t, const std::source_location& loc);
+/// Graph break: the concrete tensor a tracing tensor stands for (defined in trace/tracer.hpp);
+/// `what` names the construct that needs it ("item()"), for graph-break reports and export errors.
+Tensor materialize(const Tensor& t, const std::source_location& loc, const char* what = "data access");
 /// Records a view of a tracing tensor (defined in trace/tracer.hpp).
 Tensor record_view(const Tensor& src, const Tensor& view, unsigned fixed);
 /// The device the value of a tracing tensor lives on (defined in trace/tracer.hpp).
@@ -145,7 +146,7 @@ public:
     /// is a device address: pass it to kernels, never dereference it on the host.
     template <Element T>
     T* data(Loc loc = Loc::current()) const {
-        if (traced_) return trace::materialize(*this, loc).template data<T>(loc);
+        if (traced_) return trace::materialize(*this, loc, "data()").template data<T>(loc);
         check_dtype<T>("data", loc);
         return static_cast<T*>(data_ptr());
     }
@@ -155,7 +156,7 @@ public:
     /// Host tensors only: a CUDA tensor throws DeviceError (read it with item(), or copy it with cpu()).
     template <Element T>
     T& at(std::initializer_list<std::int64_t> index, Loc loc = Loc::current()) const {
-        if (traced_) return trace::materialize(*this, loc).template at<T>(index, loc);
+        if (traced_) return trace::materialize(*this, loc, "at()").template at<T>(index, loc);
         if (!device().is_cpu())
             detail::fail<DeviceError>("at", "tensor is on " + device().str() + "; copy it with .cpu()", loc);
         check_dtype<T>("at", loc);
@@ -173,7 +174,7 @@ public:
     /// the one element to the host (and waits for the device's stream).
     template <Element T>
     T item(std::int64_t flat, Loc loc = Loc::current()) const {
-        if (traced_) return trace::materialize(*this, loc).template item<T>(flat, loc);
+        if (traced_) return trace::materialize(*this, loc, "item()").template item<T>(flat, loc);
         alignas(8) unsigned char b[8];
         element_bytes(flat, b, loc);
         const void* p = b;

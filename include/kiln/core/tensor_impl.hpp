@@ -31,7 +31,7 @@ KILN_DECL Tensor::Tensor(const Shape& shape, DType dtype, Device device, Loc loc
 }
 
 KILN_DECL void* Tensor::data_ptr() const {
-    if (traced_) return trace::materialize(*this, std::source_location::current()).data_ptr();
+    if (traced_) return trace::materialize(*this, std::source_location::current(), "data_ptr()").data_ptr();
     if (const auto hook = detail::pending_writes_hook()) [[unlikely]] hook(storage_.get());
     return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size());
 }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <source_location>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
@@ -92,6 +93,42 @@ struct CallOp {
     /// The op waits for asynchronous work an earlier op started (a collective's join): work that
     /// does not need its result is scheduled before it (passes/delay_waits.hpp), to overlap.
     bool waits = false;
+    /// How an exported program saves the op (kiln/export): the name it is registered under
+    /// (ir/library_ops.hpp) and the numbers that op's factory makes it again from. An op without a
+    /// name cannot be exported.
+    std::string name{};
+    std::vector<std::pair<std::string, double>> attrs{};
+};
+
+/// The numbers of a view (sizes, strides, offset) as functions of a program's dynamic input dims,
+/// for views that re-deriving from their operand's shape cannot follow (a reshape that merges or
+/// splits a dynamic dim: (batch, seq, E) -> (batch * seq, E)). kiln::export_program fits them from
+/// traces at several sizes. A number is a sum of terms w * prod over the term's variables v of
+/// (size of v - v's size at the trace); variables are dims of the program's inputs.
+struct SymView {
+    struct Vars {
+        std::vector<std::pair<int, int>> at;  ///< (input index, dim) of each variable
+        std::vector<std::int64_t> base;       ///< its size at the trace
+    };
+    using Number = std::vector<std::pair<unsigned, std::int64_t>>;  ///< (variable mask, weight) terms
+    std::shared_ptr<const Vars> vars;
+    std::vector<Number> shape, strides;
+    Number offset;
+
+    /// The number for inputs of these shapes.
+    std::int64_t eval(const Number& n, const std::vector<Shape>& inputs) const {
+        std::int64_t v = 0;
+        for (const auto& [mask, w] : n) {
+            std::int64_t t = w;
+            for (std::size_t k = 0; k < vars->at.size(); ++k)
+                if ((mask >> k) & 1u) {
+                    const auto [in, d] = vars->at[k];
+                    t *= inputs[static_cast<std::size_t>(in)][d] - vars->base[k];
+                }
+            v += t;
+        }
+        return v;
+    }
 };
 
 /// One value of the graph. Operands always precede their users (the node list is topological).
@@ -116,6 +153,7 @@ struct Node {
     // view
     ViewKind vkind = ViewKind::as_strided;
     Dims args;                   ///< view, view_write: strides over the (base) operand's row-major layout (offset in `value`)
+    std::shared_ptr<const SymView> sym;  ///< view, view_write: its numbers for other input sizes (exported programs)
     // input
     int index = -1;
     // constant

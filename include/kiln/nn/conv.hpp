@@ -20,6 +20,7 @@
 #include "kiln/backends/cuda/cudnn.hpp"
 #include "kiln/backends/cuda/graph_exec.hpp"
 #include "kiln/backends/cuda/library_kernels.hpp"
+#include "kiln/ir/library_ops.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/trace/tracer.hpp"
 
@@ -376,6 +377,27 @@ inline Tensor conv2d_cudnn(const Tensor& xx, const Tensor& wl, const Tensor& b, 
     return bias_residual_act(y, b, z, act, loc);
 }
 
+/// A window as a saved library op's attributes (ir::CallOp::attrs), and back (ValueError for
+/// values no window has).
+inline ir::CallAttrs window_attrs(const Window& w) {
+    return {{"kh", static_cast<double>(w.kh)}, {"kw", static_cast<double>(w.kw)}, {"sh", static_cast<double>(w.sh)},
+            {"sw", static_cast<double>(w.sw)}, {"ph", static_cast<double>(w.ph)}, {"pw", static_cast<double>(w.pw)},
+            {"dh", static_cast<double>(w.dh)}, {"dw", static_cast<double>(w.dw)}};
+}
+inline Window window_of(const ir::CallAttrs& a, const std::string& op) {
+    constexpr std::int64_t big = std::int64_t{1} << 30;
+    Window w;
+    w.kh = ir::int_attr(a, op, "kh", 1, big);
+    w.kw = ir::int_attr(a, op, "kw", 1, big);
+    w.sh = ir::int_attr(a, op, "sh", 1, big);
+    w.sw = ir::int_attr(a, op, "sw", 1, big);
+    w.ph = ir::int_attr(a, op, "ph", 0, big);
+    w.pw = ir::int_attr(a, op, "pw", 0, big);
+    w.dh = ir::int_attr(a, op, "dh", 1, big);
+    w.dw = ir::int_attr(a, op, "dw", 1, big);
+    return w;
+}
+
 /// The library op of conv2d_nhwc (operands {x, weight, bias?, residual?}), with the hooks through
 /// which passes fold a following per-channel affine map (BatchNorm) and relu into it.
 inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias, bool has_res, const Loc& loc) {
@@ -406,8 +428,16 @@ inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias,
             return ir::CallOp::Rewrite{conv2d_op(win, Act::none, true, false, loc), {Tensor{}, std::move(w), std::move(b)}};
         };
     if (act == Act::none) op->with_relu = [=] { return conv2d_op(win, Act::relu, has_bias, has_res, loc); };
+    op->name = "conv2d";
+    op->attrs = window_attrs(win);
+    op->attrs.insert(op->attrs.end(), {{"act", static_cast<double>(act)}, {"bias", has_bias ? 1.0 : 0.0}, {"residual", has_res ? 1.0 : 0.0}});
     return op;
 }
+inline const bool conv2d_registered = ir::register_library_op("conv2d", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
+    const auto act = static_cast<Act>(ir::int_attr(a, "conv2d", "act", 0, static_cast<std::int64_t>(act_table.size()) - 1));
+    return conv2d_op(window_of(a, "conv2d"), act, ir::int_attr(a, "conv2d", "bias", 0, 1) != 0, ir::int_attr(a, "conv2d", "residual", 0, 1) != 0,
+                     Loc::current());
+});
 
 /// conv2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, OC): the GEMM's rows as they
 /// are, so the elementwise work after it reads and writes contiguous memory.
@@ -438,15 +468,8 @@ inline Tensor conv2d_nhwc(const Tensor& x, const Tensor& weight, const Tensor& b
     return trace::call_op(std::move(op), operands, x.dtype(), loc);
 }
 
-/// max_pool2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, C).
-inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
-    check_window("max_pool2d", nchw_of(x.shape()), win, loc);
-    if (win.ph * 2 > win.kh || win.pw * 2 > win.kw)
-        kiln::detail::fail<ValueError>("max_pool2d", "padding must be at most half the window (" + win.str() + ")", loc);
-    if (autograd::detail::needs_grad({&x}))
-        return autograd::detail::library(
-            "max_pool2d", {&x}, [&] { return max_pool2d_nhwc(x, win, loc); },
-            [xd = x.detach(), win, loc](const Tensor& g) { return std::vector<Tensor>{max_pool2d_backward(xd, g, win, loc)}; }, loc);
+/// The library op of max_pool2d_nhwc (operand x, channels-last).
+inline std::shared_ptr<ir::CallOp> max_pool2d_op(const Window& win, const Loc& loc) {
     auto op = std::make_shared<ir::CallOp>();
     op->key = "max_pool2d(" + win.str() + ")";
     op->shape = [win](const std::vector<Shape>& s) { return Shape{s[0][0], win.out_h(s[0][1]), win.out_w(s[0][2]), s[0][3]}; };
@@ -467,7 +490,24 @@ inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
         for (std::int64_t k = 1; k < win.kh * win.kw; ++k) m = Tensor(maximum(m, v.select(1, k)), loc);
         return m.contiguous().view({N, OH, OW, C});
     };
-    return trace::call_op(std::move(op), {x}, x.dtype(), loc);
+    op->name = "max_pool2d";
+    op->attrs = window_attrs(win);
+    return op;
+}
+inline const bool max_pool2d_registered = ir::register_library_op("max_pool2d", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
+    return max_pool2d_op(window_of(a, "max_pool2d"), Loc::current());
+});
+
+/// max_pool2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, C).
+inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
+    check_window("max_pool2d", nchw_of(x.shape()), win, loc);
+    if (win.ph * 2 > win.kh || win.pw * 2 > win.kw)
+        kiln::detail::fail<ValueError>("max_pool2d", "padding must be at most half the window (" + win.str() + ")", loc);
+    if (autograd::detail::needs_grad({&x}))
+        return autograd::detail::library(
+            "max_pool2d", {&x}, [&] { return max_pool2d_nhwc(x, win, loc); },
+            [xd = x.detach(), win, loc](const Tensor& g) { return std::vector<Tensor>{max_pool2d_backward(xd, g, win, loc)}; }, loc);
+    return trace::call_op(max_pool2d_op(win, loc), {x}, x.dtype(), loc);
 }
 
 inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc) {

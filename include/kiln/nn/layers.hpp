@@ -24,6 +24,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/factories.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/ir/library_ops.hpp"
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/matmul.hpp"
 #include "kiln/ops/nn.hpp"
@@ -272,6 +273,21 @@ inline Tensor embedding_now(const Tensor& weight, const Tensor& ids_in, const Lo
         std::memcpy(dst + static_cast<std::size_t>(i) * row_bytes, src + static_cast<std::size_t>(id[i]) * row_bytes, row_bytes);
     return out;
 }
+/// The library op of embedding (operands {weight, ids}).
+inline std::shared_ptr<ir::CallOp> embedding_op(const Loc& loc) {
+    auto call = std::make_shared<ir::CallOp>();
+    call->key = "embedding";
+    call->name = "embedding";
+    call->shape = [](const std::vector<Shape>& s) {
+        Shape o = s[1];
+        o.push_back(s[0][1]);
+        return o;
+    };
+    call->run = [loc](const std::vector<Tensor>& in) { return embedding_now(in[0], in[1], loc); };
+    return call;
+}
+inline const bool embedding_registered =
+    ir::register_library_op("embedding", [](const ir::CallAttrs&) -> std::shared_ptr<const ir::CallOp> { return embedding_op(Loc::current()); });
 
 }  // namespace detail
 
@@ -294,15 +310,7 @@ inline Tensor embedding(const Tensor& weight, const Tensor& ids, Loc loc = Loc::
                 return std::vector<Tensor>{scatter_add(zeros(ws, g.dtype(), dev), 0, where_to, rows), Tensor()};
             },
             loc);
-    auto call = std::make_shared<ir::CallOp>();
-    call->key = "embedding";
-    call->shape = [](const std::vector<Shape>& s) {
-        Shape o = s[1];
-        o.push_back(s[0][1]);
-        return o;
-    };
-    call->run = [loc](const std::vector<Tensor>& in) { return detail::embedding_now(in[0], in[1], loc); };
-    return trace::call_op(std::move(call), {weight, ids}, weight.dtype(), loc);
+    return trace::call_op(detail::embedding_op(loc), {weight, ids}, weight.dtype(), loc);
 }
 
 /// A lookup table of num_embeddings rows of embedding_dim (torch.nn.Embedding, init N(0, 1)).

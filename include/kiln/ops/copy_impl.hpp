@@ -87,7 +87,7 @@ KILN_DECL Tensor Tensor::to(DType dtype, Loc loc) const {
 KILN_DECL Tensor Tensor::to(Device device, Loc loc) const {
     if (autograd::detail::grad_mode() && requires_grad() && device != this->device())
         return autograd::detail::copy_of(*this, &device, loc);
-    if (traced_) return device == this->device() ? *this : trace::materialize(*this, loc).to(device, loc);
+    if (traced_) return device == this->device() ? *this : trace::materialize(*this, loc, "to(device)").to(device, loc);
     const Device from = this->device();
     if (device == from) return *this;
     if (from.is_cuda() && device.is_cuda()) return cpu(loc).to(device, loc);

@@ -297,10 +297,10 @@ inline Tracer& tracer_of(const Tensor& t, const std::source_location& loc) {
     return *tr;
 }
 
-inline Tensor materialize(const Tensor& t, const std::source_location& loc) {
+inline Tensor materialize(const Tensor& t, const std::source_location& loc, const char* what) {
     Tracer& tr = tracer_of(t, loc);
     if (Tensor c = tr.concrete_of(t); c.defined()) return c;
-    return tr.materialize(t, loc, "data access");
+    return tr.materialize(t, loc, what);
 }
 
 inline Device device_of(const Tensor& t) { return t.traced_value()->base->device; }

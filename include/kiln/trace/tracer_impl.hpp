@@ -262,9 +262,9 @@ KILN_DECL std::shared_ptr<Base> Tracer::storage_base(const Tensor& t) {
 }
 
 KILN_DECL void Tracer::flush_for_break(const std::source_location& loc, const std::string& reason) {
+    breaks_.push_back({loc, reason});  // before a fullgraph throw too: kiln::export_program reports it
     if (fullgraph_)
         kiln::detail::fail<GraphBreakError>("compile", "graph break (" + reason + ") with fullgraph = true", loc);
-    breaks_.push_back({loc, reason});
     flush();
 }
 

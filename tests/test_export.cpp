@@ -1,0 +1,320 @@
+// kiln::export_program, ExportedProgram (graph, specs, constraints, running) and program files
+// (save, load_program, and what a bad file gives).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <kiln/export.hpp>
+
+#include "test_util.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace kiln;
+using kiln_test::maxdiff;
+
+/// A file path in a fresh temporary directory, removed with it.
+struct TempFile {
+    fs::path dir, path;
+    explicit TempFile(const std::string& name) {
+        static std::atomic<int> n{0};
+        dir = fs::temp_directory_path() / ("kiln-export-test-" + std::to_string(std::random_device{}()) + "-" + std::to_string(n++));
+        fs::create_directories(dir);
+        path = dir / name;
+    }
+    ~TempFile() {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
+    std::string str() const { return path.string(); }
+};
+
+std::string read_bytes(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const fs::path& p, const std::string& b) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+
+/// The message of the exception E that f throws (fails the test when it throws nothing or another type).
+template <class E, class F> std::string message_of(F&& f) {
+    try {
+        f();
+    } catch (const E& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        FAIL("threw another type: " << std::string(e.what()));
+        return "";
+    }
+    FAIL("threw nothing");
+    return "";
+}
+
+/// A program file with its metadata changed by `edit` (the checksum recomputed when `reseal`).
+template <class Edit> void rewrite(const std::string& from, const std::string& to, Edit edit, bool reseal) {
+    auto tensors = nn::load_safetensors(from);
+    auto meta = nn::load_safetensors_metadata(from);
+    edit(meta);
+    if (reseal) meta["checksum"] = cache::to_hex(detail::program_file::checksum(meta["program"], tensors));
+    nn::save_safetensors(to, tensors, meta);
+}
+
+}  // namespace
+
+TEST_CASE("export_program: an MLP with a dynamic batch: graph, specs, state dict, runs like eager at other batches") {
+    manual_seed(1);
+    const nn::Mlp mlp(16, 32, 8);
+    const Tensor x = randn({4, 16});
+    const Dim batch("batch", 1, 64);
+    ExportedProgram ep = export_program([&](const Tensor& t) { return mlp(t); }, std::make_tuple(x), {{{0, batch}}},
+                                        {.parameters = nn::named_parameters(const_cast<nn::Mlp&>(mlp)), .input_names = {"x"}});
+    const std::string g = ep.graph_str();
+    MESSAGE(ep.str());
+    CHECK(g.find("%x: float32[batch, 16]") != std::string::npos);
+    CHECK(g.find("%fc1.weight: float32[32, 16]") != std::string::npos);
+    CHECK(g.find("matmul(") != std::string::npos);
+    REQUIRE(ep.input_specs().size() == 5);
+    CHECK(ep.input_specs()[0].kind == TensorSpec::Kind::user_input);
+    CHECK(ep.input_specs()[1].kind == TensorSpec::Kind::parameter);
+    CHECK(ep.state_dict().size() == 4);
+    CHECK(ep.state_dict().count("fc2.bias") == 1);
+    REQUIRE(ep.output_specs().size() == 1);
+    CHECK(ep.output_specs()[0].type_str() == "float32[batch, 8]");
+    REQUIRE(ep.dims().size() == 1);
+    CHECK(ep.dims()[0].str() == "batch in [1, 64]");
+    for (std::int64_t b : {4, 1, 7, 64}) {
+        const Tensor xb = randn({b, 16});
+        const std::vector<Tensor> y = ep(xb);
+        REQUIRE(y.size() == 1);
+        CHECK(maxdiff(y[0], mlp(xb)) < 1e-5);
+    }
+    CHECK(ep.kernels() > 0);
+}
+
+TEST_CASE("export_program: inputs outside the constraints are ConstraintErrors naming the dim and its range") {
+    manual_seed(2);
+    const Tensor w = randn({16, 8});
+    auto f = [&](const Tensor& a, const Tensor& b) { return Tensor(matmul(a + b, w)); };
+    const Dim batch("batch", 2, 32);
+    ExportedProgram ep = export_program(f, std::make_tuple(randn({4, 16}), randn({4, 16})), {{{0, batch}}, {{0, batch}}});
+    CHECK(maxdiff(ep(ones({3, 16}), ones({3, 16}))[0], f(ones({3, 16}), ones({3, 16}))) < 1e-5);
+    std::string m = message_of<ConstraintError>([&] { (void)ep.run({ones({33, 16}), ones({33, 16})}); });
+    CHECK(m.find("'batch'") != std::string::npos);
+    CHECK(m.find("batch in [2, 32]") != std::string::npos);
+    CHECK(m.find("test_export.cpp") != std::string::npos);  // the caller's line
+    m = message_of<ConstraintError>([&] { (void)ep(ones({4, 16}), ones({5, 16})); });
+    CHECK(m.find("dims of one Dim must be equal") != std::string::npos);
+    m = message_of<ConstraintError>([&] { (void)ep(ones({4, 15}), ones({4, 15})); });
+    CHECK(m.find("static at 16") != std::string::npos);
+    (void)message_of<DTypeError>([&] { (void)ep(ones({4, 16}, DType::f64), ones({4, 16}, DType::f64)); });
+    (void)message_of<ValueError>([&] { (void)ep.run({ones({4, 16})}); });
+    // a Dim's range and example checked at export
+    m = message_of<ExportError>([&] { (void)export_program(f, std::make_tuple(randn({1, 16}), randn({1, 16})), {{{0, batch}}, {{0, batch}}}); });
+    CHECK(m.find("sizes 0 and 1 specialize") != std::string::npos);
+    m = message_of<ExportError>([&] { (void)export_program(f, std::make_tuple(randn({4, 16}), randn({5, 16})), {{{0, batch}}, {{0, batch}}}); });
+    CHECK(m.find("must be equal") != std::string::npos);
+}
+
+TEST_CASE("export_program is strict: a value read while tracing is an ExportError naming the construct and the line") {
+    const Tensor x = randn({4, 8});
+    std::string m = message_of<ExportError>([&] {
+        (void)export_program([](const Tensor& t) { return sum(t).item<float>() > 0 ? Tensor(t * 2) : Tensor(t * 3); }, std::make_tuple(x));
+    });
+    CHECK(m.find("item()") != std::string::npos);
+    CHECK(m.find("test_export.cpp") != std::string::npos);
+    m = message_of<ExportError>([&] {
+        (void)export_program([](const Tensor& t) { return Tensor(t * static_cast<double>(t.data<float>()[0])); }, std::make_tuple(x));
+    });
+    CHECK(m.find("data()") != std::string::npos);
+    // a function that writes into its argument is not a pure program
+    m = message_of<ExportError>([&] {
+        (void)export_program([](const Tensor& t) { Tensor w = t; w.fill_(1.0); return Tensor(w * 2); }, std::make_tuple(x.clone()));
+    });
+    CHECK(m.find("writes into") != std::string::npos);
+}
+
+TEST_CASE("export_program: views that merge or split a dynamic dim follow it; a dim the program must specialize names the op and the fix") {
+    const Tensor x = randn({4, 6});
+    // flattening merges the dynamic batch with a static dim: the view's size is 6 * batch
+    ExportedProgram flat = export_program([](const Tensor& t) { return Tensor(t.reshape({-1}) * 2); }, std::make_tuple(x), {{{0, Dim("batch", 1, 64)}}});
+    CHECK(flat.output_specs()[0].type_str() == "float32[6*batch]");
+    for (std::int64_t b : {4, 1, 9}) {
+        const Tensor xb = randn({b, 6});
+        CHECK(maxdiff(flat(xb)[0], Tensor(xb.reshape({-1}) * 2)) == 0);
+    }
+    // two dynamic dims merged and split again: (batch, seq, 6) -> (batch * seq, 6) -> (batch, seq, 3, 2)
+    auto heads = [](const Tensor& t) { return Tensor(t.reshape({-1, 6}).reshape({t.size(0), t.size(1), 3, 2}).permute({0, 2, 1, 3}) + 1); };
+    ExportedProgram ep = export_program(heads, std::make_tuple(randn({2, 5, 6})), {{{0, Dim("batch", 1, 8)}, {1, Dim("seq", 1, 32)}}});
+    CHECK(ep.output_specs()[0].type_str() == "float32[batch, 3, seq, 2]");
+    for (auto [b, q] : {std::pair{2, 5}, std::pair{1, 7}, std::pair{8, 32}, std::pair{3, 1}}) {
+        const Tensor xb = randn({b, q, 6});
+        CHECK(maxdiff(ep(xb)[0], heads(xb)) == 0);
+    }
+    // broadcasting against a captured tensor of the example's batch bakes the batch in
+    const Tensor w = randn({4, 6});
+    std::string m = message_of<ExportError>([&] {
+        (void)export_program([&](const Tensor& t) { return Tensor(t + w); }, std::make_tuple(x), {{{0, Dim("batch", 1, 64)}}});
+    });
+    CHECK(m.find("must be specialized") != std::string::npos);
+    CHECK(m.find("kiln::add: cannot broadcast") != std::string::npos);
+    CHECK(m.find("test_export.cpp") != std::string::npos);
+    CHECK(m.find("remove the dim from dynamic_shapes") != std::string::npos);
+    // a size read into a number is a constant of the trace: the traces disagree
+    m = message_of<ExportError>([&] {
+        (void)export_program([](const Tensor& t) { return Tensor(t / static_cast<double>(t.size(0))); }, std::make_tuple(x), {{{0, Dim("batch", 1, 64)}}});
+    });
+    CHECK(m.find("depends on a dynamic dim") != std::string::npos);
+    CHECK(m.find("scalar(") != std::string::npos);
+    // static, both export
+    ExportedProgram st = export_program([&](const Tensor& t) { return Tensor(t + w); }, std::make_tuple(x));
+    CHECK(maxdiff(st(x)[0], Tensor(x + w)) == 0);
+}
+
+TEST_CASE("program files: save and load_program round-trip the graph, specs, constraints and outputs") {
+    manual_seed(3);
+    const nn::BertLayer layer(16, 2, 32);
+    const Tensor x = randn({2, 5, 16});
+    ExportedProgram ep = export_program([&](const Tensor& t) { return layer(t); }, std::make_tuple(x), {{{0, Dim("batch", 1, 16)}}},
+                                        {.parameters = nn::named_parameters(const_cast<nn::BertLayer&>(layer))});
+    TempFile file("bert_layer.kiln");
+    ep.save(file.str());
+    const ExportedProgram back = load_program(file.str());
+    CHECK(back.graph_str() == ep.graph_str());
+    CHECK(back.str() == ep.str());
+    CHECK(back.state_dict().size() == ep.state_dict().size());
+    for (std::int64_t b : {2, 1, 3}) {
+        const Tensor xb = randn({b, 5, 16});
+        const Tensor want = layer(xb);
+        CHECK(maxdiff(ep(xb)[0], want) < 1e-5);
+        CHECK(maxdiff(back(xb)[0], ep(xb)[0]) == 0);
+    }
+    (void)message_of<ConstraintError>([&] { (void)back(randn({17, 5, 16})); });
+}
+
+TEST_CASE("program files: ResNet-18 (conv2d, max_pool2d through the library-op registry) round-trips, folded when frozen") {
+    manual_seed(4);
+    nn::ResNet18 net(10);
+    nn::eval(net);
+    const Tensor x = randn({2, 3, 32, 32});
+    const Tensor want = net(x);
+    ExportedProgram ep = export_program([&](const Tensor& t) { return net(t); }, std::make_tuple(x), {{{0, Dim("batch", 1, 8)}}},
+                                        {.parameters = nn::named_parameters(net), .buffers = nn::state_dict(net)});
+    CHECK(ep.graph_str().find("conv2d(") != std::string::npos);
+    int buffers = 0;
+    for (const TensorSpec& s : ep.input_specs()) buffers += s.kind == TensorSpec::Kind::buffer;
+    CHECK(buffers == 40);  // 20 BatchNorms x (running_mean, running_var)
+    TempFile file("resnet18.kiln");
+    ep.save(file.str());
+    ExportedProgram back = load_program(file.str());
+    CHECK(maxdiff(back(x)[0], want) < 1e-4);
+    const Tensor x3 = randn({3, 3, 32, 32});
+    CHECK(maxdiff(back(x3)[0], net(x3)) < 1e-4);
+    const int plain = back.kernels();
+    back.set_options({.freeze = true});
+    CHECK(maxdiff(back(x)[0], want) < 1e-4);
+    CHECK(back.kernels() < plain);  // BatchNorm folded into the convolutions
+}
+
+TEST_CASE("program files: bad files are ValueErrors (newer version, not a program, corrupted, truncated, a graph that fails verification)") {
+    manual_seed(5);
+    const nn::Mlp mlp(8, 16, 4);
+    const Tensor x = randn({3, 8});
+    ExportedProgram ep = export_program([&](const Tensor& t) { return mlp(t); }, std::make_tuple(x), {{{0, Dim("batch", 1, 64)}}},
+                                        {.parameters = nn::named_parameters(const_cast<nn::Mlp&>(mlp))});
+    TempFile file("mlp.kiln");
+    ep.save(file.str());
+    const std::string good = read_bytes(file.path);
+    const Tensor want = ep(x)[0];
+    const fs::path other = file.dir / "other.kiln";
+
+    rewrite(file.str(), other.string(), [](auto& m) { m["version"] = "2"; }, true);
+    std::string m = message_of<ValueError>([&] { (void)load_program(other.string()); });
+    CHECK(m.find("newer than this kiln reads") != std::string::npos);
+    CHECK(m.find("other.kiln") != std::string::npos);
+
+    nn::save_safetensors(other, nn::load_safetensors(file.str()));
+    m = message_of<ValueError>([&] { (void)load_program(other.string()); });
+    CHECK(m.find("not a kiln program file") != std::string::npos);
+
+    rewrite(file.str(), other.string(), [](auto& m) { m["program"][m["program"].size() / 2] ^= 1; }, false);
+    m = message_of<ValueError>([&] { (void)load_program(other.string()); });
+    CHECK(m.find("checksum") != std::string::npos);
+
+    // a graph that fails verification, sealed with a valid checksum: node 3 reads node 5
+    rewrite(file.str(), other.string(), [](auto& meta) {
+        std::string& p = meta["program"];
+        const std::size_t at = p.find("\"in\":[");
+        REQUIRE(at != std::string::npos);
+        p.replace(at, 6, "\"in\":[99,");
+    }, true);
+    m = message_of<ValueError>([&] { (void)load_program(other.string()); });
+    CHECK(m.find("does not precede") != std::string::npos);
+    // an operand too many for an elementwise op: the verifier's arity check
+    rewrite(file.str(), other.string(), [](auto& meta) {
+        std::string& p = meta["program"];
+        const std::size_t op = p.find("\"kind\":\"elementwise\"");
+        REQUIRE(op != std::string::npos);
+        const std::size_t at = p.find("\"in\":[", op);
+        p.replace(at, 6, "\"in\":[0,");
+    }, true);
+    m = message_of<ValueError>([&] { (void)load_program(other.string()); });
+    CHECK(m.find("fails verification") != std::string::npos);
+
+    // an unknown op, and a node whose recorded shape its operands do not make
+    rewrite(file.str(), other.string(), [](auto& meta) {
+        std::string& p = meta["program"];
+        const std::size_t at = p.find("\"op\":\"");
+        REQUIRE(at != std::string::npos);
+        p.insert(at + 6, "x");
+    }, true);
+    m = message_of<ValueError>([&] { (void)load_program(other.string()); });
+    CHECK(m.find("not an op of this kiln") != std::string::npos);
+
+    // every truncation is an error; every flipped byte either is one or loads the same program
+    std::mt19937 rng(7);
+    int truncated = 0, flipped_errors = 0, flipped_same = 0;
+    for (std::size_t cut = 0; cut < good.size(); cut += 1 + good.size() / 97) {
+        write_bytes(other, good.substr(0, cut));
+        (void)message_of<ValueError>([&] { (void)load_program(other.string()); });
+        ++truncated;
+    }
+    for (int k = 0; k < 200; ++k) {
+        std::string b = good;
+        b[rng() % b.size()] ^= static_cast<char>(1u << (rng() % 8));
+        write_bytes(other, b);
+        try {
+            const ExportedProgram p = load_program(other.string());
+            CHECK(maxdiff(p(x)[0], want) == 0);
+            ++flipped_same;
+        } catch (const Error&) {
+            ++flipped_errors;
+        }
+    }
+    MESSAGE("truncations " << truncated << ", flipped bytes: " << flipped_errors << " errors, " << flipped_same << " harmless");
+    CHECK(flipped_errors > 150);
+    // the good file still loads
+    write_bytes(other, good);
+    CHECK(maxdiff(load_program(other.string())(x)[0], want) == 0);
+}
+
+TEST_CASE("program files: a program that does not export (a library op with no saved form), and save errors leave nothing") {
+    manual_seed(6);
+    const Tensor x = randn({4, 8});
+    ExportedProgram ep = export_program([](const Tensor& t) { return Tensor(t * 2 + 1); }, std::make_tuple(x));
+    (void)message_of<Error>([&] { ep.save("/nonexistent-dir/p.kiln"); });
+    CHECK(!fs::exists("/nonexistent-dir"));
+    // nn::dropout's mask draws from a generator: a call with no registered name
+    const std::string m = message_of<ExportError>([&] {
+        (void)export_program([](const Tensor& t) { return nn::dropout(t, 0.5, true); }, std::make_tuple(x));
+    });
+    CHECK(m.find("no saved form") != std::string::npos);
+}
