@@ -11,7 +11,8 @@ _kiln_ver_ge() { # _kiln_ver_ge HAVE WANT -> true if HAVE >= WANT
 
 kiln_ensure_deps() {
   local missing=() pkg
-  local pkgs=(g++ cmake make libeigen3-dev libxsimd-dev doctest-dev)
+  # libonnx-dev, libprotobuf-dev: ONNX export (kiln::onnx; optional at build time, built when found)
+  local pkgs=(g++ cmake make libeigen3-dev libxsimd-dev doctest-dev libonnx-dev libprotobuf-dev)
 
   if command -v dpkg >/dev/null 2>&1; then
     for pkg in "${pkgs[@]}"; do

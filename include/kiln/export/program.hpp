@@ -107,6 +107,8 @@ public:
     /// The named dynamic dims and their ranges.
     const std::vector<Dim>& dims() const { return state_->dims; }
     int num_user_inputs() const { return state_->user_inputs; }
+    /// Per node, per dim: "" where it is static, else its size as a formula of the Dims ("batch", "6*batch").
+    const std::vector<std::vector<std::string>>& node_dims() const { return state_->node_dims; }
 
     /// The graph as text, like torch's ep.graph: named inputs with symbolic shapes, one line per node.
     inline std::string graph_str() const;
@@ -483,7 +485,7 @@ inline ExportedProgram finish_export(const TraceAt& trace_at, const Flat& args, 
         };
         auto label_of = [&](const std::vector<std::int64_t>& size) {
             std::string s;
-            for (std::size_t d = 0; d < k; ++d) s += (d ? ", " : "") + state->dims[d].name + " = " + std::to_string(size[d]);
+            for (std::size_t d = 0; d < k; ++d) { s += d ? ", " : ""; s += state->dims[d].name + " = " + std::to_string(size[d]); }
             return s;
         };
         std::vector<Captured> corner(std::size_t{1} << k);

@@ -36,19 +36,22 @@ inline std::string num(double v) {
 }
 inline std::string ints(const Dims& d) {
     std::string s = "[";
-    for (int i = 0; i < d.rank(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+    for (int i = 0; i < d.rank(); ++i) { s += i ? "," : ""; s += std::to_string(d[i]); }
     return s + "]";
 }
 inline std::string names(const std::vector<std::string>& v) {
     std::string s = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + nn::detail::json_quote(v[i]);
+    for (std::size_t i = 0; i < v.size(); ++i) { s += i ? "," : ""; s += nn::detail::json_quote(v[i]); }
     return s + "]";
 }
 inline std::string q(std::string_view s) { return nn::detail::json_quote(s); }
 /// A formula of a view's number: [[variable mask, weight], ...].
 inline std::string sym_number(const ir::SymView::Number& n) {
     std::string s = "[";
-    for (std::size_t i = 0; i < n.size(); ++i) s += (i ? ",[" : "[") + std::to_string(n[i].first) + "," + std::to_string(n[i].second) + "]";
+    for (std::size_t i = 0; i < n.size(); ++i) {
+        s += i ? ",[" : "[";
+        s += std::to_string(n[i].first) + "," + std::to_string(n[i].second) + "]";
+    }
     return s + "]";
 }
 
@@ -64,12 +67,13 @@ inline std::string to_json(const ExportedProgram::State& s) {
         o += std::string(k ? "," : "") + "{\"name\":" + q(s.dims[k].name) + ",\"min\":" + std::to_string(s.dims[k].min) + ",\"max\":" +
              std::to_string(s.dims[k].max) + "}";
     o += "],\"inputs\":[";
-    for (std::size_t k = 0; k < s.inputs.size(); ++k) o += (k ? "," : "") + spec_json(s.inputs[k]);
+    for (std::size_t k = 0; k < s.inputs.size(); ++k) { o += k ? "," : ""; o += spec_json(s.inputs[k]); }
     o += "],\"outputs\":[";
     for (std::size_t k = 0; k < s.outputs.size(); ++k) {
         std::string j = spec_json(s.outputs[k]);
         j.insert(1, "\"node\":" + std::to_string(s.graph.outputs[k]) + ",");
-        o += (k ? "," : "") + j;
+        o += k ? "," : "";
+        o += j;
     }
     o += "],\"user_inputs\":" + std::to_string(s.user_inputs);
     const ir::Graph& g = s.graph;
@@ -89,7 +93,7 @@ inline std::string to_json(const ExportedProgram::State& s) {
         o += std::string(i ? ",\n" : "\n") + "{\"kind\":" + q(ir::kind_name(n.kind)) + ",\"dtype\":" + q(dtype_name(n.dtype)) + ",\"shape\":" + ints(n.shape);
         if (!n.in.empty()) {
             o += ",\"in\":[";
-            for (std::size_t j = 0; j < n.in.size(); ++j) o += (j ? "," : "") + std::to_string(n.in[j]);
+            for (std::size_t j = 0; j < n.in.size(); ++j) { o += j ? "," : ""; o += std::to_string(n.in[j]); }
             o += "]";
         }
         bool named = false;
@@ -114,15 +118,15 @@ inline std::string to_json(const ExportedProgram::State& s) {
                 if (n.sym) {
                     if (n.sym->vars.get() != vars) throw InternalError("kiln: an exported program's views use two sets of variables");
                     o += ",\"sym\":{\"shape\":[";
-                    for (std::size_t d = 0; d < n.sym->shape.size(); ++d) o += (d ? "," : "") + sym_number(n.sym->shape[d]);
+                    for (std::size_t d = 0; d < n.sym->shape.size(); ++d) { o += d ? "," : ""; o += sym_number(n.sym->shape[d]); }
                     o += "],\"strides\":[";
-                    for (std::size_t d = 0; d < n.sym->strides.size(); ++d) o += (d ? "," : "") + sym_number(n.sym->strides[d]);
+                    for (std::size_t d = 0; d < n.sym->strides.size(); ++d) { o += d ? "," : ""; o += sym_number(n.sym->strides[d]); }
                     o += "],\"offset\":" + sym_number(n.sym->offset) + "}";
                 }
                 break;
             case ir::Kind::call: {
                 o += ",\"call\":" + q(n.call->name) + ",\"attrs\":{";
-                for (std::size_t k = 0; k < n.call->attrs.size(); ++k) o += (k ? "," : "") + q(n.call->attrs[k].first) + ":" + num(n.call->attrs[k].second);
+                for (std::size_t k = 0; k < n.call->attrs.size(); ++k) { o += k ? "," : ""; o += q(n.call->attrs[k].first) + ":" + num(n.call->attrs[k].second); }
                 o += "}";
                 break;
             }
