@@ -13,6 +13,7 @@
 // `Bench::row`; keep one lambda per (workload, method).
 #include <kiln/kiln.hpp>
 #include <kiln/nn.hpp>
+#include <kiln/export.hpp>
 #include <kiln/interop/eigen.hpp>
 #include <kiln/nn/bert.hpp>
 #include <kiln/nn/tokenizer.hpp>
@@ -671,6 +672,8 @@ void autotune_rows(Bench& b, const std::string& name, const std::function<std::f
 }
 
 /// The rows of one model workload on the CPU (threads > 0) or the GPU (threads == Bench::gpu).
+std::filesystem::path bench_data_dir();
+
 void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads, bool gpu) {
     Model m = make_model(name, dev);
     // resnet18 on the GPU compares with torch's default there: TF32 convolutions
@@ -698,6 +701,23 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
     time("eager", [&] { ye = eager(m.x); }, gpu ? 20 : 3);
     time("fused", [&] { yf = m.fn(m.x); }, gpu ? 20 : 3);
     time("compiled", [&] { yc = compiled(m.x); }, gpu ? 20 : 3);
+    // the model exported with a dynamic batch, saved, loaded back (as another process would) and
+    // run: the same passes, fuser and kernels as compiled; "export" (CPU runs) times
+    // export_program itself: the traces (3 with one dynamic dim), the passes and the shape fits
+    {
+        const kiln::DynamicShapes dyn{{{0, kiln::Dim("batch", 1, 4096)}}};
+        const kiln::DynamicShapes none{};
+        const kiln::DynamicShapes& d = m.x.size(0) >= 2 ? dyn : none;
+        kiln::ExportedProgram ep = kiln::export_program(m.fn, std::make_tuple(m.x), d);
+        if (!gpu) time("export", [&] { ep = kiln::export_program(m.fn, std::make_tuple(m.x), d); }, 5);
+        const std::filesystem::path file = bench_data_dir() / (name + ".kiln");
+        std::filesystem::create_directories(bench_data_dir());
+        ep.save(file.string());
+        const kiln::ExportedProgram loaded = kiln::load_program(file.string());
+        Tensor yl;
+        check_close(name + " loaded", loaded(m.x)[0].cpu(), ye.cpu(), tol);
+        time("loaded", [&] { yl = loaded(m.x)[0]; }, gpu ? 20 : 3);
+    }
     if (gpu) {
         check_close(name + " reduce_overhead", ro(m.x).cpu(), ye.cpu(), tol);
         time("reduce_overhead", [&] { yr = ro(m.x); }, 20);

@@ -258,14 +258,26 @@ inline Captured capture(trace::Tracer& tr, int n_user, const Flat& outs, const E
                         kind = named == &opt.parameters ? TensorSpec::Kind::parameter : TensorSpec::Kind::buffer;
                     }
         if (name.empty()) {
+            // an unnamed view (a captured w.t()): the memory it spans, as one row, and a view of it,
+            // so the weights keep their layout and nothing is copied
+            whole = n.tensor;
+            if (!n.tensor.is_contiguous() && n.tensor.numel() > 0 && n.tensor.storage()) {
+                std::int64_t span = 1;
+                bool ok = true;
+                for (int d = 0; d < n.tensor.rank(); ++d) {
+                    ok = ok && n.tensor.strides()[d] >= 0;
+                    span += (n.tensor.shape()[d] - 1) * n.tensor.strides()[d];
+                }
+                if (ok && span <= 2 * n.tensor.numel())
+                    whole = Tensor(n.tensor.storage(), n.tensor.offset(), Shape{span}, Strides{1}, n.tensor.dtype());
+            }
             for (std::size_t k = 0; k < c.lifted.size() && name.empty(); ++k)
-                if (c.lifted[k].kind == TensorSpec::Kind::constant && same_view(c.lifted_tensors[k], n.tensor)) name = c.lifted[k].name;
+                if (c.lifted[k].kind == TensorSpec::Kind::constant && same_view(c.lifted_tensors[k], whole)) name = c.lifted[k].name;
             if (name.empty()) {
                 int count = 0;
                 for (const TensorSpec& t : c.lifted) count += t.kind == TensorSpec::Kind::constant;
                 name = "_tensor_constant" + std::to_string(count);
             }
-            whole = n.tensor;
         }
         if (!input_node.count(name)) {
             ir::Node in;
