@@ -14,6 +14,9 @@
 #include <kiln/kiln.hpp>
 #include <kiln/nn.hpp>
 #include <kiln/export.hpp>
+#if KILN_BENCH_ONNX
+#include <kiln/export/onnx.hpp>
+#endif
 #include <kiln/interop/eigen.hpp>
 #include <kiln/nn/bert.hpp>
 #include <kiln/nn/tokenizer.hpp>
@@ -710,6 +713,11 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
         const kiln::DynamicShapes& d = m.x.size(0) >= 2 ? dyn : none;
         kiln::ExportedProgram ep = kiln::export_program(m.fn, std::make_tuple(m.x), d);
         if (!gpu) time("export", [&] { ep = kiln::export_program(m.fn, std::make_tuple(m.x), d); }, 5);
+#if KILN_BENCH_ONNX
+        // the ONNX file of that program: the model proto, ONNX's checker, serialized and written
+        const std::string onnx_file = (bench_data_dir() / (name + ".onnx")).string();
+        if (!gpu) time("onnx", [&] { kiln::onnx::export_model(ep, onnx_file); }, 5);
+#endif
         const std::filesystem::path file = bench_data_dir() / (name + ".kiln");
         std::filesystem::create_directories(bench_data_dir());
         ep.save(file.string());

@@ -299,11 +299,7 @@ inline std::vector<Tensor> CompileCache::trace_first(const Flat& flat, Entry& en
     ir::Graph& g = tr.graph();
     std::vector<char> own;
     std::vector<const void*> memory;
-    for (const Tensor& t : outs.tensors) {
-        g.outputs.push_back(tr.node_of(t));
-        own.push_back(tr.returns_own_memory(t));
-        memory.push_back(tr.memory_of(t));
-    }
+    tr.set_outputs(outs.tensors, own, memory);
     entry.writes = tr.write_backs();
     check_written_memory_unshared(entry.writes, flat.tensors);
     for (const auto& w : entry.writes) g.outputs.push_back(w.node);

@@ -201,11 +201,7 @@ inline Captured capture(trace::Tracer& tr, int n_user, const Flat& outs, const E
     ir::Graph& g = tr.graph();
     std::vector<char> own;
     std::vector<const void*> memory;
-    for (const Tensor& t : outs.tensors) {
-        g.outputs.push_back(tr.node_of(t));
-        own.push_back(tr.returns_own_memory(t));
-        memory.push_back(tr.memory_of(t));
-    }
+    tr.set_outputs(outs.tensors, own, memory);
     if (const auto writes = tr.write_backs(); !writes.empty()) {
         const auto& w = writes.front();
         fail(std::string("the function writes into ") + (w.arg >= 0 ? "its tensor argument " + std::to_string(w.arg) : "a tensor it captured") +
@@ -656,11 +652,16 @@ ExportedProgram export_program(F&& fn, const std::tuple<Args...>& example_args, 
 
 // ------------------------------------------------------------------ running and printing
 inline void ExportedProgram::check_inputs(const std::vector<Tensor>& in, const std::source_location& loc) const {
+    // strings are built only for a message: this runs on every call
     const State& s = *state_;
     auto name_of = [&](std::size_t i) { return "input " + std::to_string(i) + " ('" + s.inputs[i].name + "')"; };
+    auto dim_of = [&](std::size_t i, int d) { return name_of(i) + " dim " + std::to_string(d); };
     if (in.size() != static_cast<std::size_t>(s.user_inputs))
         kiln::detail::fail<ValueError>("ExportedProgram", "takes " + std::to_string(s.user_inputs) + " tensor inputs, got " + std::to_string(in.size()), loc);
-    std::map<std::string, std::pair<std::int64_t, std::string>> seen;
+    constexpr std::size_t none = static_cast<std::size_t>(-1);
+    std::size_t first_at[8][2];  // per Dim (at most 4, see finish_export): the input and dim that set its size
+    std::int64_t size_of[8];
+    for (auto& f : first_at) f[0] = none;
     for (std::size_t i = 0; i < in.size(); ++i) {
         const TensorSpec& sp = s.inputs[i];
         const Tensor& t = in[i];
@@ -674,29 +675,30 @@ inline void ExportedProgram::check_inputs(const std::vector<Tensor>& in, const s
         for (int d = 0; d < t.rank(); ++d) {
             const std::int64_t v = t.shape()[d];
             const std::string& dn = sp.dim_names[static_cast<std::size_t>(d)];
-            const std::string where = name_of(i) + " dim " + std::to_string(d);
             if (dn.empty()) {
                 if (v != sp.shape[d])
-                    kiln::detail::fail<ConstraintError>("ExportedProgram", where + " is " + std::to_string(v) + ", but the program was exported with it static at " +
+                    kiln::detail::fail<ConstraintError>("ExportedProgram", dim_of(i, d) + " is " + std::to_string(v) + ", but the program was exported with it static at " +
                                                                                std::to_string(sp.shape[d]) + " (" + sp.type_str() + ")", loc);
                 continue;
             }
             const Dim* dim = detail::find_dim(s.dims, dn);
+            const std::size_t k = static_cast<std::size_t>(dim - s.dims.data());
             if (v < dim->min || v > dim->max)
-                kiln::detail::fail<ConstraintError>("ExportedProgram", where + " ('" + dn + "') is " + std::to_string(v) + ", outside the declared range: " + dim->str(), loc);
-            if (auto it = seen.find(dn); it != seen.end() && it->second.first != v)
-                kiln::detail::fail<ConstraintError>("ExportedProgram", where + " ('" + dn + "') is " + std::to_string(v) + " but " + it->second.second +
-                                                                           " ('" + dn + "') is " + std::to_string(it->second.first) + ": dims of one Dim must be equal", loc);
-            seen.emplace(dn, std::make_pair(v, where));
+                kiln::detail::fail<ConstraintError>("ExportedProgram", dim_of(i, d) + " ('" + dn + "') is " + std::to_string(v) + ", outside the declared range: " + dim->str(), loc);
+            if (first_at[k][0] == none) {
+                first_at[k][0] = i;
+                first_at[k][1] = static_cast<std::size_t>(d);
+                size_of[k] = v;
+            } else if (size_of[k] != v) {
+                kiln::detail::fail<ConstraintError>("ExportedProgram", dim_of(i, d) + " ('" + dn + "') is " + std::to_string(v) + " but " +
+                                                                           dim_of(first_at[k][0], static_cast<int>(first_at[k][1])) + " ('" + dn + "') is " +
+                                                                           std::to_string(size_of[k]) + ": dims of one Dim must be equal", loc);
+            }
         }
     }
-    int device = -2;
-    for (std::size_t i = 0; i < in.size(); ++i) {
-        const int d = in[i].device().is_cuda() ? in[i].device().index : -1;
-        if (device != -2 && d != device)
+    for (std::size_t i = 1; i < in.size(); ++i)
+        if (!(in[i].device() == in[0].device()))
             kiln::detail::fail<DeviceError>("ExportedProgram", "inputs are on different devices (" + in[0].device().str() + " and " + in[i].device().str() + ")", loc);
-        device = d;
-    }
 }
 
 inline Executable ExportedProgram::runner(int device) const {

@@ -238,6 +238,7 @@ public:
             if (dim.name.empty() || dim.min > dim.max || detail::find_dim(s->dims, dim.name)) bad("dim \"" + dim.name + "\" is empty, repeated or has no sizes");
             s->dims.push_back(dim);
         }
+        if (s->dims.size() > 4) bad("the program declares " + std::to_string(s->dims.size()) + " dynamic dims; kiln exports at most 4");
         const J* nodes = field(doc, "nodes", J::Kind::array, top);
         const int count = static_cast<int>(nodes->items.size());
         s->user_inputs = static_cast<int>(integer(doc, "user_inputs", top, 0, count));

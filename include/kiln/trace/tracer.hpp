@@ -191,6 +191,16 @@ public:
         return b.own_node >= 0 && b.node == b.own_node && b.segment == segment_;
     }
 
+    /// Makes `outs` the graph's outputs, in order; `own` and `memory` receive each one's
+    /// returns_own_memory and memory_of (what copy_aliased_outputs needs).
+    void set_outputs(const std::vector<Tensor>& outs, std::vector<char>& own, std::vector<const void*>& memory) {
+        for (const Tensor& t : outs) {
+            graph_.outputs.push_back(node_of(t));
+            own.push_back(returns_own_memory(t));
+            memory.push_back(memory_of(t));
+        }
+    }
+
     /// Which memory a result is in eager: its traced base, or a concrete tensor's storage. Two
     /// results with one identity alias (y and y.t()); results with different ones never may, even
     /// where the passes make them one node (x * 2 returned twice).
