@@ -11,8 +11,10 @@ _kiln_ver_ge() { # _kiln_ver_ge HAVE WANT -> true if HAVE >= WANT
 
 kiln_ensure_deps() {
   local missing=() pkg
-  # libonnx-dev, libprotobuf-dev: ONNX export (kiln::onnx; optional at build time, built when found)
-  local pkgs=(g++ cmake make libeigen3-dev libxsimd-dev doctest-dev libonnx-dev libprotobuf-dev)
+  local pkgs=(g++ cmake make libeigen3-dev libxsimd-dev doctest-dev)
+  # optional: ONNX export (kiln::onnx and its tests are built when these are found); installed as
+  # root, otherwise named, never a failure
+  local optional=(libonnx-dev libprotobuf-dev) opt_missing=()
 
   if command -v dpkg >/dev/null 2>&1; then
     for pkg in "${pkgs[@]}"; do
@@ -39,6 +41,21 @@ kiln_ensure_deps() {
     else
       echo "kiln: missing packages: ${missing[*]} ; run: sudo apt-get install -y ${missing[*]}" >&2
       return 1
+    fi
+  fi
+
+  if command -v dpkg >/dev/null 2>&1; then
+    for pkg in "${optional[@]}"; do
+      dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed' || opt_missing+=("$pkg")
+    done
+  fi
+  if [ "${#opt_missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "kiln: installing optional packages (ONNX export): ${opt_missing[*]}"
+      { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${opt_missing[@]}"; } ||
+        echo "kiln: could not install ${opt_missing[*]}; building without ONNX export" >&2
+    else
+      echo "kiln: optional packages missing (ONNX export is not built without them): sudo apt-get install -y ${opt_missing[*]}" >&2
     fi
   fi
 
