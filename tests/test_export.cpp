@@ -306,6 +306,26 @@ TEST_CASE("program files: bad files are ValueErrors (newer version, not a progra
     CHECK(maxdiff(load_program(other.string())(x)[0], want) == 0);
 }
 
+TEST_CASE("program files: a sealed file whose view formulas leave their operand is a ShapeError when run, not a crash") {
+    const Tensor x = randn({4, 6});
+    ExportedProgram flat = export_program([](const Tensor& t) { return Tensor(t.reshape({-1}) * 2); }, std::make_tuple(x), {{{0, Dim("batch", 1, 64)}}});
+    TempFile file("flat.kiln");
+    flat.save(file.str());
+    const fs::path other = file.dir / "other.kiln";
+    for (const std::string w : {"7", "-6", "1099511627776"}) {
+        rewrite(file.str(), other.string(), [&](auto& meta) {
+            std::string& p = meta["program"];
+            const std::size_t at = p.find("[[0,24],[1,6]]");  // the view's size: 24 + 6 * (batch - 4)
+            REQUIRE(at != std::string::npos);
+            p.replace(at, 14, "[[0,24],[1," + w + "]]");
+        }, true);
+        const ExportedProgram p = load_program(other.string());  // at the recorded size the formula is right
+        CHECK(maxdiff(p(x)[0], Tensor(x.reshape({-1}) * 2)) == 0);
+        const std::string m = message_of<ShapeError>([&] { (void)p(randn({9, 6})); });
+        CHECK(m.find("view") != std::string::npos);
+    }
+}
+
 TEST_CASE("program files: a program that does not export (a library op with no saved form), and save errors leave nothing") {
     manual_seed(6);
     const Tensor x = randn({4, 8});

@@ -181,22 +181,25 @@ inline bool rederive_view(ir::Node& v, const Shape& from, const Shape& to) {
 /// `of`) or make a negative size.
 inline bool apply_sym_view(ir::Node& n, Shape& shape, const std::vector<Shape>& inputs, const Shape& of) {
     const ir::SymView& s = *n.sym;
+    if (s.shape.size() > static_cast<std::size_t>(max_rank)) return false;
     Shape sh;
     Dims st;
-    std::int64_t last = s.eval(s.offset, inputs);
+    std::int64_t offset = 0;
+    if (!s.eval(s.offset, inputs, offset) || offset < 0) return false;
+    std::int64_t last = offset;
     bool empty = false;
     for (std::size_t d = 0; d < s.shape.size(); ++d) {
-        const std::int64_t e = s.eval(s.shape[d], inputs), k = s.eval(s.strides[d], inputs);
-        if (e < 0 || k < 0) return false;
+        std::int64_t e = 0, k = 0, step = 0;
+        if (!s.eval(s.shape[d], inputs, e) || !s.eval(s.strides[d], inputs, k) || e < 0 || k < 0) return false;
         sh.push_back(e);
         st.push_back(k);
         empty = empty || e == 0;
-        last += (e - 1) * k;
+        if (e > 0 && (__builtin_mul_overflow(e - 1, k, &step) || __builtin_add_overflow(last, step, &last))) return false;
     }
-    if (s.eval(s.offset, inputs) < 0 || (!empty && last >= of.numel())) return false;
+    if (!empty && last >= of.numel()) return false;
     shape = sh;
     n.args = st;
-    n.value = static_cast<double>(s.eval(s.offset, inputs));
+    n.value = static_cast<double>(offset);
     return true;
 }
 

@@ -199,6 +199,10 @@ public:
         }
         return d;
     }
+    /// A shape whose element count (in bytes) fits in int64, as kiln's tensors need.
+    void checked_shape(const Shape& shape, DType d, const std::string& where) const {
+        if (std::string p = nn::detail::shape_problem(shape.vec(), dtype_size(d)); !p.empty()) bad(where + "'s shape " + shape.str() + ": " + p);
+    }
     std::vector<std::string> strings(const J& o, const std::string& key, const std::string& where, std::size_t n) const {
         const J* a = field(o, key, J::Kind::array, where);
         if (a->items.size() != n) bad(where + "'s \"" + key + "\" has " + std::to_string(a->items.size()) + " entries, not " + std::to_string(n));
@@ -225,6 +229,7 @@ public:
         if (!known) bad(where + " has kind \"" + kind + "\"");
         t.dtype = dtype(o, "dtype", where);
         t.shape = dims(o, "shape", where, 0);
+        checked_shape(t.shape, t.dtype, where);
         t.dim_names = strings(o, "dims", where, static_cast<std::size_t>(t.shape.rank()));
         return t;
     }
@@ -290,6 +295,7 @@ public:
             if (!known) bad(where + " has kind \"" + kind + "\"");
             n.dtype = dtype(j, "dtype", where);
             n.shape = dims(j, "shape", where, 0);
+            checked_shape(n.shape, n.dtype, where);
             if (const J* in = field(j, "in", J::Kind::array, where, false))
                 for (const J& v : in->items) {
                     if (v.kind != J::Kind::number || !v.integer || *v.integer < 0 || *v.integer >= i) bad(where + " reads a node that does not precede it");
@@ -425,13 +431,13 @@ public:
             if (n.kind == ir::Kind::view || n.kind == ir::Kind::view_write) {
                 const Shape& vs = n.kind == ir::Kind::view ? n.shape : g[n.in[1]].shape;
                 if (n.args.rank() != vs.rank()) bad(where + " has " + std::to_string(n.args.rank()) + " strides for " + std::to_string(vs.rank()) + " dims");
-                std::int64_t last = static_cast<std::int64_t>(n.value);
-                bool empty = false;
+                std::int64_t last = static_cast<std::int64_t>(n.value), step = 0;
+                bool empty = false, over = false;
                 for (int d = 0; d < vs.rank(); ++d) {
                     empty = empty || vs[d] == 0;
-                    last += (vs[d] - 1) * n.args[d];
+                    over = over || (vs[d] > 0 && (__builtin_mul_overflow(vs[d] - 1, n.args[d], &step) || __builtin_add_overflow(last, step, &last)));
                 }
-                if (!empty && last >= g[n.in[0]].shape.numel()) bad(where + " views elements past the end of its operand");
+                if (!empty && (over || last >= g[n.in[0]].shape.numel())) bad(where + " views elements past the end of its operand");
             }
             if (n.kind == ir::Kind::view_write && (n.dtype != g[n.in[0]].dtype || n.dtype != g[n.in[1]].dtype))
                 bad(where + " writes a value of another dtype");

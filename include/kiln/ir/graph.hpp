@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <source_location>
@@ -115,19 +116,28 @@ struct SymView {
     std::vector<Number> shape, strides;
     Number offset;
 
-    /// The number for inputs of these shapes.
-    std::int64_t eval(const Number& n, const std::vector<Shape>& inputs) const {
+    /// The number for inputs of these shapes into `out`; false where it overflows int64 (a file's
+    /// formulas may say anything).
+    bool eval(const Number& n, const std::vector<Shape>& inputs, std::int64_t& out) const {
         std::int64_t v = 0;
         for (const auto& [mask, w] : n) {
             std::int64_t t = w;
             for (std::size_t k = 0; k < vars->at.size(); ++k)
                 if ((mask >> k) & 1u) {
                     const auto [in, d] = vars->at[k];
-                    t *= inputs[static_cast<std::size_t>(in)][d] - vars->base[k];
+                    std::int64_t f = 0;
+                    if (__builtin_sub_overflow(inputs[static_cast<std::size_t>(in)][d], vars->base[k], &f) || __builtin_mul_overflow(t, f, &t))
+                        return false;
                 }
-            v += t;
+            if (__builtin_add_overflow(v, t, &v)) return false;
         }
-        return v;
+        out = v;
+        return true;
+    }
+    /// The number for inputs of these shapes (an overflow gives the lowest int64, which no size is).
+    std::int64_t eval(const Number& n, const std::vector<Shape>& inputs) const {
+        std::int64_t v = 0;
+        return eval(n, inputs, v) ? v : std::numeric_limits<std::int64_t>::min();
     }
 };
 
