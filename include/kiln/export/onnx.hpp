@@ -229,20 +229,17 @@ public:
             for (std::size_t j = 0; j + 1 < m; ++j) factors.push_back(binop("Div", st[static_cast<std::size_t>(walk[j])], st[static_cast<std::size_t>(walk[j + 1])]));
             factors.push_back(st[static_cast<std::size_t>(walk[m - 1])]);
             // recorded check: every slice stays inside its factor
-            std::int64_t rem = off;
             for (std::size_t j = 0; j < m; ++j) {
                 const std::int64_t s = n.args[walk[j]];
                 const std::int64_t size = j == 0 ? std::numeric_limits<std::int64_t>::max() : n.args[walk[j - 1]] / s;
-                const std::int64_t start = (off / s) % (j == 0 ? std::numeric_limits<std::int64_t>::max() : size);
+                const std::int64_t start = (off / s) % size;
                 if (start + V[walk[j]] > size) fail("view " + ir::describe(g, id) + " wraps around its operand's rows; it has no ONNX mapping");
-                rem = off % s;
                 const Num sn = st[static_cast<std::size_t>(walk[j])];
                 Num startn = binop("Div", offn, sn);
                 if (j > 0) startn = binop("Mod", startn, factors[j]);
                 starts.push_back(startn);
                 ends.push_back(binop("Add", startn, e[static_cast<std::size_t>(walk[j])]));
             }
-            (void)rem;
             const Num last = binop("Mod", offn, st[static_cast<std::size_t>(walk[m - 1])]);
             starts.push_back(last);
             ends.push_back(binop("Add", last, Num{true, 1, ""}));

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <source_location>
@@ -199,6 +200,13 @@ public:
         }
         return d;
     }
+    /// The one of `kinds` named `text` (by `name_of`); `where` has no such kind otherwise.
+    template <class K, class Name>
+    K kind_named(const std::string& text, std::initializer_list<K> kinds, Name name_of, const std::string& where) const {
+        for (K k : kinds)
+            if (text == name_of(k)) return k;
+        bad(where + " has kind \"" + text + "\"");
+    }
     /// A shape whose element count (in bytes) fits in int64, as kiln's tensors need.
     void checked_shape(const Shape& shape, DType d, const std::string& where) const {
         if (std::string p = nn::detail::shape_problem(shape.vec(), dtype_size(d)); !p.empty()) bad(where + "'s shape " + shape.str() + ": " + p);
@@ -219,14 +227,8 @@ public:
         TensorSpec t;
         t.name = text(o, "name", where);
         const std::string kind = text(o, "kind", where);
-        bool known = false;
-        for (auto k : {TensorSpec::Kind::user_input, TensorSpec::Kind::parameter, TensorSpec::Kind::buffer, TensorSpec::Kind::constant,
-                       TensorSpec::Kind::user_output})
-            if (kind == spec_kind_name(k)) {
-                t.kind = k;
-                known = true;
-            }
-        if (!known) bad(where + " has kind \"" + kind + "\"");
+        t.kind = kind_named(kind, {TensorSpec::Kind::user_input, TensorSpec::Kind::parameter, TensorSpec::Kind::buffer,
+                                   TensorSpec::Kind::constant, TensorSpec::Kind::user_output}, spec_kind_name, where);
         t.dtype = dtype(o, "dtype", where);
         t.shape = dims(o, "shape", where, 0);
         checked_shape(t.shape, t.dtype, where);
@@ -285,14 +287,8 @@ public:
             const std::string where = "node " + std::to_string(i);
             ir::Node n;
             const std::string kind = text(j, "kind", where);
-            bool known = false;
-            for (auto k : {ir::Kind::input, ir::Kind::scalar, ir::Kind::elementwise, ir::Kind::reduce, ir::Kind::arg_reduce, ir::Kind::matmul,
-                           ir::Kind::view, ir::Kind::call, ir::Kind::view_write})
-                if (kind == ir::kind_name(k)) {
-                    n.kind = k;
-                    known = true;
-                }
-            if (!known) bad(where + " has kind \"" + kind + "\"");
+            n.kind = kind_named(kind, {ir::Kind::input, ir::Kind::scalar, ir::Kind::elementwise, ir::Kind::reduce, ir::Kind::arg_reduce,
+                                       ir::Kind::matmul, ir::Kind::view, ir::Kind::call, ir::Kind::view_write}, ir::kind_name, where);
             n.dtype = dtype(j, "dtype", where);
             n.shape = dims(j, "shape", where, 0);
             checked_shape(n.shape, n.dtype, where);
