@@ -12,6 +12,7 @@
 
 #include "kiln/backends/cuda/index_ops.hpp"
 #include "kiln/core/factories.hpp"
+#include "kiln/ir/library_ops.hpp"
 #include "kiln/ops/copy.hpp"
 #include "kiln/ops/reductions.hpp"
 #include "kiln/trace/tracer.hpp"
@@ -429,6 +430,52 @@ inline Tensor run_index_op(IndexOp m, const Tensor& x0, int d, const Tensor& ind
     return as_shape_of(out, gather ? index0 : x0);
 }
 
+/// The library op of gather / scatter along dim d, as a traced program calls it; registered by
+/// name (gather, scatter, scatter_value, scatter_add) so that an exported program saves it.
+inline std::shared_ptr<ir::CallOp> index_call(IndexOp m, int d, Scalar value, const std::source_location& loc) {
+    static constexpr const char* names[] = {"gather", "scatter", "scatter_value", "scatter_add"};
+    auto call = std::make_shared<ir::CallOp>();
+    // the key tells calls apart for CSE and the caches: the value's exact bits (%a), not rounded
+    char value_text[64] = "";
+    if (m == IndexOp::scatter_value)
+        std::snprintf(value_text, sizeof value_text, ", value=%a:%d", value.value, static_cast<int>(value.kind));
+    call->key = std::string(index_op_name(m)) + "(dim=" + std::to_string(d) + value_text + ")";
+    call->name = names[static_cast<int>(m)];
+    call->attrs = {{"dim", static_cast<double>(d)}};
+    if (m == IndexOp::scatter_value) call->attrs.insert(call->attrs.end(), {{"value", value.value}, {"value_kind", static_cast<double>(value.kind)}});
+    const bool gather = m == IndexOp::gather;
+    call->shape = [gather](const std::vector<Shape>& s) { return gather ? s[1] : s[0]; };
+    // a dynamic program calls this with other sizes than the trace's: shapes and index values are
+    // checked against each call's operands
+    call->run = [m, d, value, loc](const std::vector<Tensor>& in) {
+        const Tensor src_in = in.size() > 2 ? in[2] : Tensor{};
+        const int dd = check_index_operands(m, in[0], d, in[1], src_in.defined() ? &src_in : nullptr, loc);
+        check_index_values(m, in[1], dd, in[0].rank() == 0 ? 1 : in[0].size(dd), loc);
+        return run_index_op(m, in[0], dd, in[1], src_in, value);
+    };
+    return call;
+}
+inline const bool index_ops_registered = [] {
+    for (IndexOp m : {IndexOp::gather, IndexOp::scatter, IndexOp::scatter_value, IndexOp::scatter_add}) {
+        static constexpr const char* names[] = {"gather", "scatter", "scatter_value", "scatter_add"};
+        ir::register_library_op(names[static_cast<int>(m)], [m](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
+            const std::string op = names[static_cast<int>(m)];
+            const int d = static_cast<int>(ir::int_attr(a, op, "dim", 0, max_rank - 1));
+            Scalar value;
+            if (m == IndexOp::scatter_value) {
+                const auto kind = static_cast<DType>(ir::int_attr(a, op, "value_kind", 0, 255));
+                if (kind != DType::boolean && kind != DType::i64 && kind != DType::f64)
+                    throw ValueError(op + ": attribute 'value_kind' is not a scalar kind (bool, int64, float64)");
+                for (const auto& [k, v] : a)
+                    if (k == "value") value.value = v;
+                value.kind = kind;
+            }
+            return index_call(m, d, value, std::source_location::current());
+        });
+    }
+    return true;
+}();
+
 /// The front door of gather / scatter: validates, then runs now or records a library call.
 inline Tensor index_op(IndexOp m, const Tensor& x, std::int64_t dim, const Tensor& index, const Tensor& src, Scalar value,
                        const std::source_location& loc) {
@@ -453,22 +500,7 @@ inline Tensor index_op(IndexOp m, const Tensor& x, std::int64_t dim, const Tenso
             },
             loc);
     }
-    auto call = std::make_shared<ir::CallOp>();
-    // the key tells calls apart for CSE and the caches: the value's exact bits (%a), not rounded
-    char value_text[64] = "";
-    if (m == IndexOp::scatter_value)
-        std::snprintf(value_text, sizeof value_text, ", value=%a:%d", value.value, static_cast<int>(value.kind));
-    call->key = std::string(op) + "(dim=" + std::to_string(d) + value_text + ")";
-    const bool gather = m == IndexOp::gather;
-    call->shape = [gather](const std::vector<Shape>& s) { return gather ? s[1] : s[0]; };
-    // a dynamic program calls this with other sizes than the trace's: shapes and index values are
-    // checked against each call's operands
-    call->run = [m, dim, value, loc](const std::vector<Tensor>& in) {
-        const Tensor src_in = in.size() > 2 ? in[2] : Tensor{};
-        const int dd = check_index_operands(m, in[0], dim, in[1], src_in.defined() ? &src_in : nullptr, loc);
-        check_index_values(m, in[1], dd, in[0].rank() == 0 ? 1 : in[0].size(dd), loc);
-        return run_index_op(m, in[0], dd, in[1], src_in, value);
-    };
+    auto call = index_call(m, d, value, loc);
     std::vector<Tensor> operands{x, index};
     if (src.defined()) operands.push_back(src);
     return trace::call_op(std::move(call), operands, x.dtype(), loc);
