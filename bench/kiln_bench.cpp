@@ -1,7 +1,7 @@
 // kiln_bench: the workloads of the README, each timed per method (eager, fused, peers) and thread
 // count, reported as medians, GB/s, % of the measured copy bandwidth and speedup over kiln eager.
 //
-//   kiln_bench [--filter SUBSTRING] [--json FILE] [--threads N] [--min-time SECONDS] [--throughput-time SECONDS]
+//   kiln_bench [--filter SUBSTRING[,SUBSTRING...]] [--json FILE] [--threads N] [--min-time SECONDS] [--throughput-time SECONDS]
 //              [--no-cpu] [--no-gpu]
 //
 // With a CUDA device, GPU rows follow the CPU rows, each timed three ways: latency (CUDA events
@@ -16,6 +16,7 @@
 #include <kiln/export.hpp>
 #if KILN_BENCH_ONNX
 #include <kiln/export/onnx.hpp>
+#include <kiln/export/onnx_import.hpp>
 #endif
 #include <kiln/interop/eigen.hpp>
 #include <kiln/nn/bert.hpp>
@@ -89,7 +90,18 @@ public:
     explicit Bench(Options o) : opt_(std::move(o)) {}
     const Options& options() const { return opt_; }
 
-    bool wanted(const std::string& name) const { return opt_.filter.empty() || name.find(opt_.filter) != std::string::npos; }
+    /// The filter is one substring or several, comma-separated: a row is wanted when its name has one.
+    bool wanted(const std::string& name) const {
+        if (opt_.filter.empty()) return true;
+        std::size_t at = 0;
+        while (at <= opt_.filter.size()) {
+            const std::size_t comma = std::min(opt_.filter.find(',', at), opt_.filter.size());
+            const std::string part = opt_.filter.substr(at, comma - at);
+            if (!part.empty() && name.find(part) != std::string::npos) return true;
+            at = comma + 1;
+        }
+        return false;
+    }
     std::vector<int> thread_counts() const {
         std::vector<int> t{1};
         if (opt_.max_threads > 1) t.push_back(opt_.max_threads);
@@ -716,7 +728,20 @@ void model_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
 #if KILN_BENCH_ONNX
         // the ONNX file of that program: the model proto, ONNX's checker, serialized and written
         const std::string onnx_file = (bench_data_dir() / (name + ".onnx")).string();
+        std::filesystem::create_directories(bench_data_dir());
         if (!gpu) time("onnx", [&] { kiln::onnx::export_model(ep, onnx_file); }, 5);
+        else kiln::onnx::export_model(ep, onnx_file);
+        // its input and eager's output, for peers that run the file (bench/anchors/ort_anchor.py)
+        kiln::nn::save_npy(bench_data_dir() / (name + ".input.npy"), m.x.cpu());
+        kiln::nn::save_npy(bench_data_dir() / (name + ".output.npy"), ye.cpu());
+        // that ONNX file imported back (kiln::onnx::load) and run: an ONNX model through kiln's
+        // fuser; its dynamic batch (dim_param) becomes a Dim again
+        {
+            const kiln::ExportedProgram imported = kiln::onnx::load(onnx_file);
+            Tensor yi;
+            check_close(name + " onnx_import", imported(m.x)[0].cpu(), ye.cpu(), tol);
+            time("onnx_import", [&] { yi = imported(m.x)[0]; }, gpu ? 20 : 3);
+        }
 #endif
         const std::filesystem::path file = bench_data_dir() / (name + ".kiln");
         std::filesystem::create_directories(bench_data_dir());

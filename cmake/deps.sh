@@ -12,9 +12,10 @@ _kiln_ver_ge() { # _kiln_ver_ge HAVE WANT -> true if HAVE >= WANT
 kiln_ensure_deps() {
   local missing=() pkg
   local pkgs=(g++ cmake make libeigen3-dev libxsimd-dev doctest-dev)
-  # optional: ONNX export (kiln::onnx and its tests are built when these are found); installed as
+  # optional: ONNX export and import (kiln::onnx and its tests are built when these are found; the
+  # node tests of libonnx-testdata are the import's conformance run); installed as
   # root, otherwise named, never a failure
-  local optional=(libonnx-dev libprotobuf-dev) opt_missing=()
+  local optional=(libonnx-dev libprotobuf-dev libonnx-testdata) opt_missing=()
 
   if command -v dpkg >/dev/null 2>&1; then
     for pkg in "${pkgs[@]}"; do

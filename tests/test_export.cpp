@@ -346,6 +346,7 @@ TEST_CASE("program files: a program that does not export (a library op with no s
 // ONNX Runtime (ctest: onnx.ort).
 #if KILN_TEST_ONNX
 #include <kiln/export/onnx.hpp>
+#include <kiln/export/onnx_import.hpp>
 
 namespace onnx_test {
 
@@ -507,6 +508,157 @@ TEST_CASE("onnx: what has no mapping is an ExportError naming it") {
         CHECK(std::string(e.what()).find("write into a view") != std::string::npos);
     }
     CHECK(!fs::exists(out_dir() / "never.onnx"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// ONNX import (kiln::onnx::load). The node tests of libonnx-testdata run in tests/onnx/node_tests.cpp
+// (ctest onnx.node_tests); here: the round trip through ONNX, and what a model kiln cannot run gives.
+
+namespace onnx_test {
+
+/// A one-node model over float inputs of the given shapes (for the error cases).
+::onnx::ModelProto one_node(const std::string& op, const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& inputs,
+                            int elem = ::onnx::TensorProto::FLOAT) {
+    ::onnx::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    ::onnx::GraphProto* g = m.mutable_graph();
+    g->set_name("g");
+    ::onnx::NodeProto* n = g->add_node();
+    n->set_op_type(op);
+    n->set_name("the_node");
+    for (const auto& [name, shape] : inputs) {
+        n->add_input(name);
+        ::onnx::ValueInfoProto* v = g->add_input();
+        v->set_name(name);
+        auto* t = v->mutable_type()->mutable_tensor_type();
+        t->set_elem_type(name == "shape" ? ::onnx::TensorProto::INT64 : elem);
+        for (std::int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
+    }
+    n->add_output("y");
+    g->add_output()->set_name("y");
+    return m;
+}
+
+/// ep exported to ONNX and imported back.
+ExportedProgram through_onnx(const ExportedProgram& ep, const std::string& name) {
+    const fs::path p = out_dir() / (name + ".roundtrip.onnx");
+    kiln::onnx::export_model(ep, p.string());
+    return kiln::onnx::load(p.string());
+}
+
+}  // namespace onnx_test
+
+TEST_CASE("onnx import: export -> save -> load -> ONNX export -> ONNX import gives the original outputs (MLP, BERT layer, ResNet-18)") {
+    kiln::manual_seed(13);
+    const TempFile file("model.kiln");
+    auto round_trip = [&](const ExportedProgram& ep, const std::string& name) {
+        ep.save(file.str());
+        return onnx_test::through_onnx(kiln::load_program(file.str()), name);
+    };
+    auto check = [](const std::vector<Tensor>& got, const Tensor& want, double tol) {
+        REQUIRE(got.size() == 1);
+        CHECK(got[0].shape() == want.shape());
+        CHECK(kiln_test::maxdiff(got[0], want) < tol);
+    };
+    const nn::Mlp mlp(32, 64, 16);
+    const ExportedProgram mlp_ep = export_program([&](const Tensor& x) { return mlp(x); }, std::make_tuple(kiln::randn({4, 32})),
+                                                  {{{0, Dim("batch", 1, 64)}}}, {.parameters = nn::named_parameters(const_cast<nn::Mlp&>(mlp))});
+    const ExportedProgram mlp_back = round_trip(mlp_ep, "mlp");
+    CHECK(mlp_back.input_specs()[0].dim_names[0] == "batch");  // the dim_param came back as a Dim
+    for (std::int64_t b : {1, 5, 64}) {
+        const Tensor x = kiln::randn({b, 32});
+        check(mlp_back.run({x}), mlp(x), 1e-5);
+    }
+
+    const nn::BertLayer layer(32, 4, 64);
+    const ExportedProgram bert = export_program([&](const Tensor& x) { return layer(x); }, std::make_tuple(kiln::randn({2, 6, 32})),
+                                                {{{0, Dim("batch", 1, 16)}, {1, Dim("seq", 1, 64)}}},
+                                                {.parameters = nn::named_parameters(const_cast<nn::BertLayer&>(layer))});
+    const ExportedProgram bert_back = round_trip(bert, "bert_layer");
+    for (auto [b, t] : {std::pair<std::int64_t, std::int64_t>{1, 6}, {4, 9}, {3, 1}}) {
+        const Tensor x = kiln::randn({b, t, 32});
+        check(bert_back.run({x}), layer(x), 1e-4);
+    }
+
+    nn::ResNet18 net(10);
+    nn::eval(net);
+    const ExportedProgram resnet = export_program([&](const Tensor& x) { return net(x); }, std::make_tuple(kiln::randn({2, 3, 32, 32})),
+                                                  {{{0, Dim("batch", 1, 8)}}}, {.parameters = nn::state_dict(net)});
+    const ExportedProgram resnet_back = round_trip(resnet, "resnet18");
+    for (std::int64_t b : {1, 3}) {
+        const Tensor x = kiln::randn({b, 3, 32, 32});
+        check(resnet_back.run({x}), net(x), 1e-3);
+    }
+    // an imported program saves and loads like any other (gather / scatter are registered library ops)
+    resnet_back.save(file.str());
+    const Tensor x = kiln::randn({2, 3, 32, 32});
+    check(kiln::load_program(file.str()).run({x}), net(x), 1e-3);
+}
+
+TEST_CASE("onnx import: a program of every table op, casts, reductions and views survives ONNX export and import") {
+    kiln::manual_seed(12);
+    auto f = [](const Tensor& x, const Tensor& y, const Tensor& idx) {
+        std::vector<Tensor> o;
+        o.push_back(Tensor(kiln::exp(x) - kiln::log1p(y) * kiln::tanh(x) + kiln::erf(y) / kiln::sqrt(x)));
+        o.push_back(Tensor(kiln::where(x > y, kiln::gelu_tanh(x), kiln::hardswish(y)) + kiln::sigmoid(x)));
+        o.push_back(Tensor(kiln::remainder(x * 5 - 4, y) + kiln::floor_divide(x * 5, y) + kiln::fmod(x * 3 - 2, y)));
+        o.push_back(Tensor(kiln::cast(kiln::logical_or(x > 1, kiln::logical_not(y < 1)), DType::f32) + kiln::round(x * 3)));
+        o.push_back(kiln::softmax(x, 1));
+        o.push_back(kiln::layer_norm(y, 1));
+        o.push_back(kiln::cast(kiln::argmin(x, 0), DType::f32));
+        o.push_back(kiln::var(x, {1}, true));
+        o.push_back(Tensor(x.reshape({2, 2, 8}).permute({2, 0, 1}) * 3));
+        o.push_back(Tensor(x.slice(1, 1, 7, 2) + y.select(0, 2).slice(0, 0, 3)));
+        o.push_back(kiln::matmul(x, y.t()));
+        o.push_back(kiln::gather(x, 1, idx));
+        o.push_back(kiln::scatter_add(y, 1, idx, x.slice(1, 0, 3)));
+        return o;
+    };
+    const Tensor x = Tensor(kiln::rand({4, 8}) * 1.5 + 0.5), y = Tensor(kiln::rand({4, 8}) * 1.5 + 0.5);
+    const Tensor idx = kiln::cast(Tensor(kiln::rand({4, 3}) * 8), DType::i64);
+    const ExportedProgram back = onnx_test::through_onnx(export_program(f, std::make_tuple(x, y, idx)), "ops");
+    const std::vector<Tensor> got = back.run({x, y, idx}), want = f(x, y, idx);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) CHECK_MESSAGE(kiln_test::maxdiff(got[k], want[k]) < 1e-5, "output " << k);
+}
+
+TEST_CASE("onnx import: what kiln cannot run is an ImportError naming the node; bad files are ValueErrors; constants bind inputs") {
+    using onnx_test::one_node;
+    auto message = [](auto&& f) { return message_of<kiln::onnx::ImportError>(f); };
+    // an op kiln does not import
+    std::string m = message([] { (void)kiln::onnx::from_model(one_node("Einsum", {{"a", {2, 2}}})); });
+    CHECK(m.find("node 'the_node' (Einsum, opset 17) is not an op kiln imports") != std::string::npos);
+    // a dtype kiln does not have
+    m = message([] { (void)kiln::onnx::from_model(one_node("Relu", {{"a", {2, 2}}}, ::onnx::TensorProto::UINT8)); });
+    CHECK(m.find("input 'a' has element type UINT8") != std::string::npos);
+    // a shape computed from an input's values, then the same input bound when the model loads
+    const ::onnx::ModelProto reshape = one_node("Reshape", {{"a", {2, 6}}, {"shape", {2}}});
+    m = message([&] { (void)kiln::onnx::from_model(reshape); });
+    CHECK(m.find("(Reshape, opset 17) needs its shape when the model loads") != std::string::npos);
+    kiln::onnx::LoadOptions opt;
+    opt.constants["shape"] = kiln::cast(Tensor(kiln::arange(3, 5, 1, DType::f32)), DType::i64);  // (3, 4)
+    const ExportedProgram ep = kiln::onnx::from_model(reshape, opt);
+    CHECK(ep.input_specs().size() == 1);
+    const Tensor a = kiln::randn({2, 6});
+    CHECK(ep.run({a})[0].shape() == kiln::Shape{3, 4});
+    CHECK(kiln_test::maxdiff(ep.run({a})[0], a.reshape({3, 4})) == 0);
+    // a named dim's range from LoadOptions::dims: outside it is a ConstraintError naming it
+    ::onnx::ModelProto relu = one_node("Relu", {{"a", {2, 6}}});
+    relu.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param("rows");
+    kiln::onnx::LoadOptions ranged;
+    ranged.dims["rows"] = Dim("rows", 1, 4);
+    const ExportedProgram r = kiln::onnx::from_model(relu, ranged);
+    CHECK(r.run({kiln::randn({3, 6})})[0].shape() == kiln::Shape{3, 6});
+    m = message_of<kiln::ConstraintError>([&] { (void)r.run({kiln::randn({5, 6})}); });
+    CHECK(m.find("rows") != std::string::npos);
+    // files that are not ONNX models
+    const TempFile bad("bad.onnx");
+    write_bytes(bad.path, "this is not a protobuf \xff\xff\xff");
+    m = message_of<kiln::ValueError>([&] { (void)kiln::onnx::load(bad.str()); });
+    CHECK(m.find("is not an ONNX model") != std::string::npos);
+    m = message_of<kiln::ValueError>([&] { (void)kiln::onnx::load("/nonexistent/model.onnx"); });
+    CHECK(m.find("cannot open") != std::string::npos);
 }
 
 #endif  // KILN_TEST_ONNX

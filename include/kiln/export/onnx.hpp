@@ -5,12 +5,7 @@
 // CMake target kiln::onnx (KILN_WITH_ONNX). docs/EXPORT.md lists the mapping.
 #pragma once
 
-#if !__has_include(<onnx/onnx_pb.h>)
-#error "kiln/export/onnx.hpp needs ONNX's headers (Debian: libonnx-dev libprotobuf-dev); link the CMake target kiln::onnx (-DKILN_WITH_ONNX=ON)"
-#endif
-
-#include <onnx/checker.h>
-#include <onnx/onnx_pb.h>
+#include "kiln/export/onnx_proto.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -432,6 +427,27 @@ public:
         }
         if (op.name == "max_pool2d") return nhwc(node("MaxPool", {nchw(in(0))}, window));
         if (op.name == "embedding") return node("Gather", {in(0), in(1)}, [](::onnx::NodeProto& p) { attr_i(p, "axis", 0); });
+        if (op.name == "gather") return node("GatherElements", {in(0), in(1)}, [&](::onnx::NodeProto& p) { attr_i(p, "axis", attr("dim")); });
+        if (op.name == "scatter" || op.name == "scatter_add" || op.name == "scatter_value") {
+            std::string src;
+            if (op.name == "scatter_value") {
+                double v = 0;
+                for (const auto& [k, x] : op.attrs)
+                    if (k == "value") v = x;
+                src = node("Expand", {scalar(v, n.dtype), node("Shape", {in(1)})});
+            } else {
+                src = in(2);
+            }
+            return node("ScatterElements", {in(0), in(1), src}, [&](::onnx::NodeProto& p) {
+                attr_i(p, "axis", attr("dim"));
+                if (op.name == "scatter_add") {
+                    auto* a = p.add_attribute();
+                    a->set_name("reduction");
+                    a->set_type(::onnx::AttributeProto::STRING);
+                    a->set_s("add");
+                }
+            });
+        }
         fail("library op '" + op.key + "' has no ONNX mapping");
     }
 

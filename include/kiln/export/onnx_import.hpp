@@ -10,12 +10,7 @@
 // docs/EXPORT.md lists the ops. Needs ONNX (Debian: libonnx-dev libprotobuf-dev): link kiln::onnx.
 #pragma once
 
-#if !__has_include(<onnx/onnx_pb.h>)
-#error "kiln/export/onnx_import.hpp needs ONNX's headers (Debian: libonnx-dev libprotobuf-dev); link the CMake target kiln::onnx (-DKILN_WITH_ONNX=ON)"
-#endif
-
-#include <onnx/onnx_pb.h>
-#include <onnx/shape_inference/implementation.h>
+#include "kiln/export/onnx_proto.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -26,12 +21,14 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <source_location>
 #include <string>
 #include <vector>
 
 #include "kiln/export/program.hpp"
-#include "kiln/nn.hpp"
+#include "kiln/nn/conv.hpp"
+#include "kiln/nn/layers.hpp"
 
 namespace kiln::onnx {
 
@@ -310,9 +307,11 @@ private:
     Tensor take(const Tensor& x, int axis, Tensor idx) const {
         const std::int64_t n = x.size(axis);
         if (idx.dtype() != DType::i64 && idx.dtype() != DType::i32) fail<DTypeError>("indices must be int32 or int64, got " + std::string(dtype_name(idx.dtype())));
-        if (idx.rank() == 0 && !idx.is_traced()) {
-            const trace::ActiveScope host(nullptr);
-            std::int64_t i = idx.to(DType::i64).item<std::int64_t>();
+        if (idx.rank() == 0 && !idx.is_traced()) {  // one known index: a view
+            const std::int64_t i = [&] {
+                const trace::ActiveScope host(nullptr);
+                return idx.to(DType::i64).item<std::int64_t>();
+            }();
             if (i < -n || i >= n) fail<ValueError>("index " + std::to_string(i) + " is out of range for a dim of size " + std::to_string(n));
             return x.select(axis, i < 0 ? i + n : i, loc_);
         }
@@ -433,20 +432,20 @@ private:
         const bool any_pad = std::any_of(tp.begin(), tp.end(), [](std::int64_t p) { return p != 0; });
         const double lowest = -std::numeric_limits<double>::infinity();
         const Tensor xp = any_pad ? pad(x, tp, is_max ? Scalar(is_floating(x.dtype()) ? lowest : -9.2e18) : Scalar(0), loc_) : x;
-        Tensor acc;
-        std::vector<std::int64_t> at(w.nd, 0);
-        const std::int64_t terms = std::accumulate(w.k.begin(), w.k.end(), std::int64_t{1}, std::multiplies<>());
-        for (std::int64_t t = 0; t < terms; ++t) {
-            std::int64_t rest = t;
+        // the view of the padded input that window offset t (row-major over the kernel) reads
+        auto window_view = [&](const Tensor& src, std::int64_t t) {
+            Tensor v = src;
             for (std::size_t i = w.nd; i-- > 0;) {
-                at[i] = rest % w.k[i];
-                rest /= w.k[i];
-            }
-            Tensor v = xp;
-            for (std::size_t i = 0; i < w.nd; ++i) {
-                const std::int64_t start = at[i] * w.dil[i];
+                const std::int64_t start = (t % w.k[i]) * w.dil[i];
+                t /= w.k[i];
                 v = v.slice(static_cast<int>(2 + i), start, start + (outs[i] - 1) * w.s[i] + 1, w.s[i], loc_);
             }
+            return v;
+        };
+        Tensor acc;
+        const std::int64_t terms = std::accumulate(w.k.begin(), w.k.end(), std::int64_t{1}, std::multiplies<>());
+        for (std::int64_t t = 0; t < terms; ++t) {
+            const Tensor v = window_view(xp, t);
             acc = !acc.defined() ? v : is_max ? T(maximum(acc, v)) : T(acc + v);
         }
         if (is_max) return acc;
@@ -464,16 +463,7 @@ private:
                 for (std::size_t i = 0; i < 2 * w.nd; ++i) rest_pads[i] -= w.pads[i];
             const Tensor op = pad(ones_in, torch_pads(rest_pads, r, 2), 0);
             for (std::int64_t t = 0; t < terms; ++t) {
-                std::int64_t rest = t;
-                for (std::size_t i = w.nd; i-- > 0;) {
-                    at[i] = rest % w.k[i];
-                    rest /= w.k[i];
-                }
-                Tensor v = op;
-                for (std::size_t i = 0; i < w.nd; ++i) {
-                    const std::int64_t start = at[i] * w.dil[i];
-                    v = v.slice(static_cast<int>(2 + i), start, start + (outs[i] - 1) * w.s[i] + 1, w.s[i]);
-                }
+                const Tensor v = window_view(op, t);
                 counts = !counts.defined() ? v.contiguous() : Tensor(counts + v);
             }
         }
@@ -930,7 +920,47 @@ private:
         return y;
     }
 
+    /// Elementwise ONNX ops (each output element reads only the operands' elements at its index).
+    static bool elementwise_op(const std::string& op) {
+        static const std::set<std::string> ops = {
+            "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Erf", "Sigmoid", "Relu", "Floor",
+            "Ceil", "Round", "Sign", "Not", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Softplus", "Softsign", "HardSwish",
+            "IsNaN", "Mish", "Gelu", "HardSigmoid", "Elu", "Celu", "Selu", "LeakyRelu", "ThresholdedRelu", "Shrink", "IsInf",
+            "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or",
+            "Xor", "Where", "Max", "Min", "Sum", "Mean", "Clip", "Cast", "CastLike"};
+        return ops.count(op) != 0;
+    }
+    /// A 4-D value whose memory is channels-last (NHWC) under its NCHW shape: a convolution's output.
+    static bool channels_last(const Tensor& t) {
+        return t.defined() && t.rank() == 4 && !t.is_contiguous() && t.permute({0, 2, 3, 1}).is_contiguous();
+    }
+
+    /// Runs node n. An elementwise node over a convolution's output runs in its channels-last
+    /// order (operands seen through the same permutation, the result permuted back: views only), so
+    /// its result stays channels-last and the next convolution reads it without a copy; computed in
+    /// the NCHW order it would be written NCHW and copied back before every convolution.
     std::vector<Tensor> apply(const ::onnx::NodeProto& n, const std::vector<Value>& in) {
+        if (elementwise_op(n.op_type()) && std::any_of(in.begin(), in.end(), [](const Value& v) { return channels_last(v.t); })) {
+            bool fits = true;
+            for (const Value& v : in) fits = fits && (!v.defined() || v.t.rank() <= 4);
+            if (fits) {
+                std::vector<Value> nhwc = in;
+                for (Value& v : nhwc) {
+                    if (!v.defined() || (v.t.rank() < 2 && v.t.numel() == 1)) continue;  // scalars broadcast as they are
+                    Tensor t = v.t;
+                    while (t.rank() < 4) t = t.unsqueeze(0, loc_);
+                    v.t = t.permute({0, 2, 3, 1}, loc_);
+                }
+                std::vector<Tensor> out = apply_node(n, nhwc);
+                for (Tensor& t : out)
+                    if (t.defined() && t.rank() == 4) t = t.permute({0, 3, 1, 2}, loc_);
+                return out;
+            }
+        }
+        return apply_node(n, in);
+    }
+
+    std::vector<Tensor> apply_node(const ::onnx::NodeProto& n, const std::vector<Value>& in) {
         const std::string& op = n.op_type();
         if (!n.domain().empty() && n.domain() != "ai.onnx") unsupported_here("is in domain '" + n.domain() + "', which kiln does not implement");
         auto need = [&](std::size_t k) {
@@ -971,6 +1001,13 @@ private:
         if (op == "Softsign") return unary([](const Tensor& v) { return v / (abs(v) + 1); });
         if (op == "HardSwish") return unary([](const Tensor& v) { return hardswish(v); });
         if (op == "IsNaN") return unary([](const Tensor& v) { return v != v; });
+        if (op == "Mish") return unary([](const Tensor& v) { return v * tanh(softplus(v)); });
+        if (op == "Gelu") {  // opset 20
+            const std::string approx = as("approximate", "none");
+            if (approx == "tanh") return unary([](const Tensor& v) { return gelu_tanh(v); });
+            if (approx != "none") fail<ValueError>("has an unknown approximate '" + approx + "'");
+            return unary([](const Tensor& v) { return gelu(v); });
+        }
         if (op == "HardSigmoid") {
             const double a = af("alpha", 0.2), b = af("beta", 0.5);
             return unary([&](const Tensor& v) { return maximum(minimum(v * a + b, 1.0), 0.0); });
@@ -1211,13 +1248,7 @@ private:
                 const std::int64_t each = (len + parts - 1) / parts;
                 for (std::int64_t i = 0; i < parts; ++i) sizes.push_back(std::min(each, len - i * each));
             }
-            std::vector<Tensor> out;
-            std::int64_t at = 0;
-            for (std::int64_t s : sizes) {
-                out.push_back(v.slice(axis, at, at + s, 1, loc_));
-                at += s;
-            }
-            return out;
+            return split(v, sizes, axis, loc_);
         }
         if (op == "Slice") {
             need(opset_ < 10 ? 1 : 3);
