@@ -25,7 +25,7 @@ import time
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=os.environ.get("KILN_BENCH_DATA", "/tmp/kiln-bench-data"))
-    ap.add_argument("--kiln", help="kiln_bench --json output (CPU rows)")
+    ap.add_argument("--kiln", action="append", default=[], help="kiln_bench --json output (CPU rows); may repeat")
     ap.add_argument("--threads", default="1")
     ap.add_argument("--min-time", type=float, default=1.0)
     ap.add_argument("--out")
@@ -37,9 +37,10 @@ def main():
         print(f"ort_anchor: {e} (pip install onnxruntime numpy)", file=sys.stderr)
         return 77
     kiln_rows = []
-    if a.kiln:
-        with open(a.kiln) as f:
-            kiln_rows = json.load(f)["rows"]
+    for path in a.kiln:
+        with open(path) as f:
+            doc = json.load(f)
+        kiln_rows += doc["rows"] if isinstance(doc, dict) else doc
 
     def kiln_us(name, method, threads):
         for r in kiln_rows:
