@@ -623,6 +623,65 @@ TEST_CASE("onnx import: a program of every table op, casts, reductions and views
     for (std::size_t k = 0; k < got.size(); ++k) CHECK_MESSAGE(kiln_test::maxdiff(got[k], want[k]) < 1e-5, "output " << k);
 }
 
+TEST_CASE("onnx import: a Conv takes the residual Add and Relu after it; elementwise ops after a Conv stay channels-last") {
+    // y = relu(conv(x, w1) + x); z = relu(conv(y, w2, b2)); out = sigmoid(z) * 2 + z
+    ::onnx::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    ::onnx::GraphProto* g = m.mutable_graph();
+    g->set_name("g");
+    auto input = [&](const std::string& name, std::vector<std::int64_t> shape) {
+        ::onnx::ValueInfoProto* v = g->add_input();
+        v->set_name(name);
+        auto* t = v->mutable_type()->mutable_tensor_type();
+        t->set_elem_type(::onnx::TensorProto::FLOAT);
+        for (std::int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
+    };
+    auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
+        ::onnx::NodeProto* n = g->add_node();
+        n->set_op_type(op);
+        n->set_name(out);
+        for (const auto& i : in) n->add_input(i);
+        n->add_output(out);
+        if (op == "Conv") {
+            auto* a = n->add_attribute();
+            a->set_name("pads");
+            a->set_type(::onnx::AttributeProto::INTS);
+            for (int k = 0; k < 4; ++k) a->add_ints(1);
+        }
+    };
+    input("x", {2, 4, 6, 6});
+    input("w1", {4, 4, 3, 3});
+    input("w2", {4, 4, 3, 3});
+    input("b2", {4});
+    node("Conv", {"x", "w1"}, "c1");
+    node("Add", {"c1", "x"}, "s1");
+    node("Relu", {"s1"}, "y");
+    node("Conv", {"y", "w2", "b2"}, "c2");
+    node("Relu", {"c2"}, "z");
+    node("Sigmoid", {"z"}, "sz");
+    node("Mul", {"sz", "two"}, "m2");
+    node("Add", {"m2", "z"}, "out");
+    ::onnx::TensorProto* two = g->add_initializer();
+    two->set_name("two");
+    two->set_data_type(::onnx::TensorProto::FLOAT);
+    two->add_float_data(2.0f);
+    g->add_output()->set_name("out");
+    const ExportedProgram ep = kiln::onnx::from_model(m);
+    const std::string graph = ep.graph_str();
+    CHECK(graph.find("relu(") == std::string::npos);      // both Relus ride in the convolutions
+    CHECK(graph.find("residual") != std::string::npos);   // the first Add too
+    kiln::manual_seed(14);
+    const Tensor x = kiln::randn({2, 4, 6, 6}), w1 = kiln::randn({4, 4, 3, 3}), w2 = kiln::randn({4, 4, 3, 3}), b2 = kiln::randn({4});
+    nn::Window win;
+    win.kh = win.kw = 3;
+    win.ph = win.pw = 1;
+    const Tensor y = kiln::relu(nn::conv2d(x, w1, {}, win) + x);
+    const Tensor z = kiln::relu(nn::conv2d(y, w2, b2, win));
+    const Tensor want = kiln::sigmoid(z) * 2 + z;
+    CHECK(kiln_test::maxdiff(ep.run({x, w1, w2, b2})[0], want) < 1e-4);
+}
+
 TEST_CASE("onnx import: what kiln cannot run is an ImportError naming the node; bad files are ValueErrors; constants bind inputs") {
     using onnx_test::one_node;
     auto message = [](auto&& f) { return message_of<kiln::onnx::ImportError>(f); };

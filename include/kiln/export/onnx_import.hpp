@@ -172,13 +172,20 @@ class Interpreter {
 public:
     Interpreter(const ::onnx::GraphProto& g, int opset, std::map<std::string, int> types, std::map<std::string, Tensor> init,
                 std::vector<std::string> user_inputs, const Loc& loc)
-        : g_(g), opset_(opset), types_(std::move(types)), init_(std::move(init)), user_inputs_(std::move(user_inputs)), loc_(loc) {}
+        : g_(g), opset_(opset), types_(std::move(types)), init_(std::move(init)), user_inputs_(std::move(user_inputs)), loc_(loc) {
+        for (const auto& n : g_.node())
+            for (const std::string& name : n.input()) ++uses_[name];
+        for (const auto& o : g_.output()) ++uses_[o.name()];
+    }
 
     std::vector<Tensor> run(const std::vector<Tensor>& inputs) {
         vals_.clear();
         for (const auto& [name, t] : init_) vals_[name] = Value{t, true};
         for (std::size_t i = 0; i < user_inputs_.size(); ++i) vals_[user_inputs_[i]] = Value{inputs[i], false};
-        for (const ::onnx::NodeProto& n : g_.node()) {
+        std::vector<char> done(static_cast<std::size_t>(g_.node_size()), 0);
+        for (int i = 0; i < g_.node_size(); ++i) {
+            const ::onnx::NodeProto& n = g_.node(i);
+            if (done[static_cast<std::size_t>(i)]) continue;  // absorbed into a convolution before it
             node_ = &n;
             std::vector<Value> in;
             bool all_known = true;
@@ -191,6 +198,8 @@ public:
             }
             std::vector<Tensor> out;
             const bool fold = all_known && !in.empty();
+            epi_ = Epilogue{};
+            if (!fold && n.op_type() == "Conv") plan_epilogue(i);
             if (fold) {
                 const trace::ActiveScope host(nullptr);  // computed now, on the host: a constant of the program
                 out = apply(n, in);
@@ -216,6 +225,11 @@ public:
                     }
                 vals_[n.output(k)] = Value{t, known && !t.is_traced()};
             }
+            if (epi_.used)  // the Add and Relu the convolution took: their outputs are its output
+                for (int j : epi_.nodes) {
+                    done[static_cast<std::size_t>(j)] = 1;
+                    vals_[g_.node(j).output(0)] = vals_[n.output(0)];
+                }
         }
         std::vector<Tensor> outs;
         for (const auto& o : g_.output()) {
@@ -234,7 +248,51 @@ private:
     std::vector<std::string> user_inputs_;
     Loc loc_;
     std::map<std::string, Value> vals_;
+    std::map<std::string, int> uses_;  ///< how many node inputs (and graph outputs) read each value
     const ::onnx::NodeProto* node_ = nullptr;
+
+    /// What a Conv may absorb from the nodes after it: Conv -> Relu, Conv -> Add(z) [-> Relu], with z
+    /// computed already; conv2d's fused residual and activation (one cuDNN call where cuDNN runs
+    /// it), as ResNet's blocks are written in C++.
+    struct Epilogue {
+        Tensor residual;
+        bool relu = false;
+        std::vector<int> nodes;  ///< the absorbed nodes
+        bool used = false;       ///< set by conv() when it fused them
+    };
+    mutable Epilogue epi_;  // conv() (const) says whether it used it
+
+    /// The one node after node i that reads value v (-1 when v has other readers or is an output).
+    int sole_reader(const std::string& v, int i) const {
+        auto u = uses_.find(v);
+        if (u == uses_.end() || u->second != 1) return -1;
+        for (int j = i + 1; j < g_.node_size(); ++j)
+            for (const std::string& name : g_.node(j).input())
+                if (name == v) return j;
+        return -1;
+    }
+    void plan_epilogue(int i) {
+        const ::onnx::NodeProto& n = g_.node(i);
+        if (n.output_size() != 1) return;
+        int j = sole_reader(n.output(0), i);
+        if (j < 0) return;
+        const ::onnx::NodeProto* m = &g_.node(j);
+        if (m->op_type() == "Add" && m->input_size() == 2 && m->output_size() == 1) {
+            const std::string& other = m->input(0) == n.output(0) ? m->input(1) : m->input(0);
+            auto z = vals_.find(other);
+            if (other == n.output(0) || z == vals_.end()) return;
+            epi_.residual = z->second.t;
+            epi_.nodes.push_back(j);
+            const int k = sole_reader(m->output(0), j);
+            if (k >= 0 && g_.node(k).op_type() == "Relu") {
+                epi_.relu = true;
+                epi_.nodes.push_back(k);
+            }
+        } else if (m->op_type() == "Relu") {
+            epi_.relu = true;
+            epi_.nodes.push_back(j);
+        }
+    }
 
     std::string node_text() const {
         return "node '" + node_->name() + "' (" + node_->op_type() + ", opset " + std::to_string(opset_) + ")";
@@ -501,6 +559,18 @@ private:
         if (group < 1 || c % group != 0 || w4.size(0) % group != 0 || w4.size(1) * group != c)
             fail<ShapeError>("has group " + std::to_string(group) + " that does not fit input " + x.shape().str() + " and weight " + w.shape().str());
         Tensor y;
+        if (group == 1 && x.rank() == 4 && !epi_.nodes.empty()) {
+            // the expected output: (N, OC, OH, OW); a residual of another shape or dtype is not absorbed
+            const Shape out{x4.size(0), w4.size(0), win.out_h(x4.size(2)), win.out_w(x4.size(3))};
+            const Tensor& z = epi_.residual;
+            if (!z.defined() || (z.shape() == out && z.dtype() == x.dtype())) {
+                epi_.used = true;
+                y = nn::detail::conv2d_nhwc(x4.permute({0, 2, 3, 1}, loc_), w4, b, win, epi_.relu ? Act::relu : Act::none, loc_,
+                                            z.defined() ? z.permute({0, 2, 3, 1}, loc_) : Tensor{})
+                        .permute({0, 3, 1, 2}, loc_);
+                return y;
+            }
+        }
         if (group == 1) {
             y = conv2d(x4, w4, b, win, Act::none, loc_);
         } else {
