@@ -196,18 +196,15 @@ public:
                 in.push_back(it->second);
                 all_known = all_known && it->second.known;
             }
-            std::vector<Tensor> out;
             const bool fold = all_known && !in.empty();
             epi_ = Epilogue{};
             if (!fold && n.op_type() == "Conv") plan_epilogue(i);
-            if (fold) {
-                const trace::ActiveScope host(nullptr);  // computed now, on the host: a constant of the program
-                out = apply(n, in);
-            } else {
-                out = apply(n, in);
-            }
+            std::optional<trace::ActiveScope> host;  // a known value is computed now, on the host: a constant of the program
+            if (fold) host.emplace(nullptr);
+            const std::vector<Tensor> out = apply(n, in);
             const bool known = fold || n.op_type() == "Constant" || n.op_type() == "Shape" || n.op_type() == "Size" ||
                                n.op_type() == "ConstantOfShape" || n.op_type() == "EyeLike" || n.op_type() == "Range";
+            if (known && !host) host.emplace(nullptr);  // (and so is its dtype's cast below)
             for (int k = 0; k < n.output_size(); ++k) {
                 if (n.output(k).empty()) continue;
                 if (static_cast<std::size_t>(k) >= out.size() || !out[static_cast<std::size_t>(k)].defined())
@@ -215,16 +212,10 @@ public:
                 Tensor t = out[static_cast<std::size_t>(k)];
                 // ONNX fixes each output's type; kiln's promotion can differ (int / int, pow(int, float))
                 if (auto it = types_.find(n.output(k)); it != types_.end())
-                    if (auto d = dtype_of(it->second); d && *d != t.dtype()) {
-                        if (known) {
-                            const trace::ActiveScope host(nullptr);
-                            t = t.to(*d);
-                        } else {
-                            t = t.to(*d);
-                        }
-                    }
+                    if (auto d = dtype_of(it->second); d && *d != t.dtype()) t = t.to(*d);
                 vals_[n.output(k)] = Value{t, known && !t.is_traced()};
             }
+            host.reset();
             if (epi_.used)  // the Add and Relu the convolution took: their outputs are its output
                 for (int j : epi_.nodes) {
                     done[static_cast<std::size_t>(j)] = 1;
@@ -1002,7 +993,13 @@ private:
     }
     /// A 4-D value whose memory is channels-last (NHWC) under its NCHW shape: a convolution's output.
     static bool channels_last(const Tensor& t) {
-        return t.defined() && t.rank() == 4 && !t.is_contiguous() && t.permute({0, 2, 3, 1}).is_contiguous();
+        if (!t.defined() || t.rank() != 4 || t.is_contiguous()) return false;
+        std::int64_t expect = 1;  // from the strides (a permute here would record a view while tracing)
+        for (int d : {1, 3, 2, 0}) {
+            if (t.size(d) != 1 && t.strides()[d] != expect) return false;
+            expect *= t.size(d);
+        }
+        return true;
     }
 
     /// Runs node n. An elementwise node over a convolution's output runs in its channels-last
