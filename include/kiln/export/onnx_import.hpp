@@ -316,20 +316,21 @@ private:
     }
 
     // ---- values known when the model loads
-    std::vector<std::int64_t> ints(const Value& v, const char* what) const {
+    /// The values of v as S (read as dtype dt), which kiln needs when it builds the program.
+    template <class S> std::vector<S> known_values(const Value& v, const char* what, DType dt) const {
         if (!v.known)
             unsupported_here(std::string("needs its ") + what +
                              " when the model loads, but it is computed from the inputs' values (a data-dependent shape)");
         const trace::ActiveScope host(nullptr);
-        const Tensor c = v.t.to(DType::i64).contiguous();
-        const auto* p = static_cast<const std::int64_t*>(c.data_ptr());
-        return std::vector<std::int64_t>(p, p + c.numel());
+        const Tensor c = v.t.to(dt).contiguous();
+        const auto* p = static_cast<const S*>(c.data_ptr());
+        return std::vector<S>(p, p + c.numel());
     }
+    std::vector<std::int64_t> ints(const Value& v, const char* what) const { return known_values<std::int64_t>(v, what, DType::i64); }
     double number(const Value& v, const char* what) const {
-        if (!v.known) unsupported_here(std::string("needs its ") + what + " when the model loads, but it is computed from the inputs' values");
-        const trace::ActiveScope host(nullptr);
-        if (v.t.numel() != 1) fail<ShapeError>(std::string("'s ") + what + " must hold one value, got shape " + v.t.shape().str());
-        return v.t.to(DType::f64).contiguous().item<double>();
+        const std::vector<double> x = known_values<double>(v, what, DType::f64);
+        if (x.size() != 1) fail<ShapeError>(std::string("'s ") + what + " must hold one value, got shape " + v.t.shape().str());
+        return x[0];
     }
     /// axes from an attribute (older opsets) or an input (newer), normalized to rank.
     std::optional<std::vector<std::int64_t>> axes_of(const std::vector<Value>& in, std::size_t input, int rank) const {
@@ -1436,14 +1437,7 @@ private:
             need(1);
             std::vector<double> scales;
             std::vector<std::int64_t> sizes;
-            auto doubles = [&](const Value& v, const char* what) {
-                const Tensor t = [&] {
-                    if (!v.known) unsupported_here(std::string("needs its ") + what + " when the model loads, but it is computed from the inputs' values");
-                    const trace::ActiveScope host(nullptr);
-                    return v.t.to(DType::f64).contiguous();
-                }();
-                return std::vector<double>(t.data<double>(), t.data<double>() + t.numel());
-            };
+            auto doubles = [&](const Value& v, const char* what) { return known_values<double>(v, what, DType::f64); };
             std::string coord = as("coordinate_transformation_mode", "half_pixel");
             if (op == "Upsample" || opset_ < 11) {
                 if (op == "Upsample" && opset_ < 9) {

@@ -430,17 +430,19 @@ inline Tensor run_index_op(IndexOp m, const Tensor& x0, int d, const Tensor& ind
     return as_shape_of(out, gather ? index0 : x0);
 }
 
+/// The registered names of the index library ops, by IndexOp.
+inline constexpr const char* index_call_names[] = {"gather", "scatter", "scatter_value", "scatter_add"};
+
 /// The library op of gather / scatter along dim d, as a traced program calls it; registered by
-/// name (gather, scatter, scatter_value, scatter_add) so that an exported program saves it.
+/// name (index_call_names) so that an exported program saves it.
 inline std::shared_ptr<ir::CallOp> index_call(IndexOp m, int d, Scalar value, const std::source_location& loc) {
-    static constexpr const char* names[] = {"gather", "scatter", "scatter_value", "scatter_add"};
     auto call = std::make_shared<ir::CallOp>();
     // the key tells calls apart for CSE and the caches: the value's exact bits (%a), not rounded
     char value_text[64] = "";
     if (m == IndexOp::scatter_value)
         std::snprintf(value_text, sizeof value_text, ", value=%a:%d", value.value, static_cast<int>(value.kind));
     call->key = std::string(index_op_name(m)) + "(dim=" + std::to_string(d) + value_text + ")";
-    call->name = names[static_cast<int>(m)];
+    call->name = index_call_names[static_cast<int>(m)];
     call->attrs = {{"dim", static_cast<double>(d)}};
     if (m == IndexOp::scatter_value) call->attrs.insert(call->attrs.end(), {{"value", value.value}, {"value_kind", static_cast<double>(value.kind)}});
     const bool gather = m == IndexOp::gather;
@@ -457,9 +459,8 @@ inline std::shared_ptr<ir::CallOp> index_call(IndexOp m, int d, Scalar value, co
 }
 inline const bool index_ops_registered = [] {
     for (IndexOp m : {IndexOp::gather, IndexOp::scatter, IndexOp::scatter_value, IndexOp::scatter_add}) {
-        static constexpr const char* names[] = {"gather", "scatter", "scatter_value", "scatter_add"};
-        ir::register_library_op(names[static_cast<int>(m)], [m](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
-            const std::string op = names[static_cast<int>(m)];
+        ir::register_library_op(index_call_names[static_cast<int>(m)], [m](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
+            const std::string op = index_call_names[static_cast<int>(m)];
             const int d = static_cast<int>(ir::int_attr(a, op, "dim", 0, max_rank - 1));
             Scalar value;
             if (m == IndexOp::scatter_value) {
