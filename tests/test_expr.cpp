@@ -2,6 +2,7 @@
 // reductions of expressions, composites, matmul; all against eager and float64 references.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <kiln/kiln.hpp>
 #include <numeric>
@@ -383,6 +384,76 @@ TEST_CASE("matmul: 2-D, vectors, broadcast batches, transposed layouts, integer 
     CHECK(maxdiff(kiln::matmul(big_a, big_b), naive(big_a, big_b)) < 1e-4);
     // an expression operand is evaluated first, then multiplied
     CHECK(maxdiff(kiln::matmul(a * 2.0, b), Tensor(kiln::matmul(a, b) * 2.0)) < 1e-5);
+}
+
+TEST_CASE("matmul (kiln's CPU GEMM): block edges, strided, transposed and broadcast operands, f64, any thread count") {
+    // reference in double over contiguous copies
+    auto reference = [](const Tensor& a, const Tensor& b) {
+        const Tensor ad = a.to(DType::f64).contiguous(), bd = b.to(DType::f64).contiguous();
+        const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+        Tensor c = kiln::zeros({m, n}, DType::f64);
+        const double* pa = static_cast<const double*>(ad.data_ptr());
+        const double* pb = static_cast<const double*>(bd.data_ptr());
+        double* pc = static_cast<double*>(c.data_ptr());
+        for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t p = 0; p < k; ++p)
+                for (std::int64_t j = 0; j < n; ++j) pc[i * n + j] += pa[i * k + p] * pb[p * n + j];
+        return c;
+    };
+    auto check = [&](const Tensor& a, const Tensor& b, double tol) {
+        const Tensor ref = reference(a, b);
+        const double scale = std::sqrt(static_cast<double>(a.size(1)));
+        for (int threads : {1, 2, 3}) {
+            kiln::set_num_threads(threads);
+            const Tensor c = kiln::matmul(a, b);
+            INFO("m=" << a.size(0) << " k=" << a.size(1) << " n=" << b.size(1) << " threads=" << threads);
+            CHECK(c.dtype() == a.dtype());
+            CHECK(maxdiff(c, ref) < tol * scale);
+        }
+        kiln::set_num_threads(kiln::detail::default_thread_count());
+    };
+    // shapes (m, k, n) around the register tile (8 or 6 rows, 32 or 16 columns), the k block (1024
+    // f32, 512 f64) and the row block (384 rows on AVX-512, 288 otherwise), and wide ones that
+    // threads split by columns
+    const std::vector<std::array<std::int64_t, 3>> shapes = {
+        {1, 1, 1}, {2, 3, 2}, {7, 5, 33}, {8, 16, 32}, {9, 17, 31}, {15, 511, 47}, {16, 512, 64}, {17, 513, 65},
+        {64, 300, 96}, {33, 1023, 20}, {24, 1024, 33}, {10, 1025, 40}, {289, 20, 50}, {385, 30, 70}, {9, 4, 2100}, {193, 3, 2050}};
+    for (const auto& [m, k, n] : shapes) {
+        check(kiln::randn({m, k}), kiln::randn({k, n}), 2e-6);                      // row-major
+        check(kiln::randn({k, m}).t(), kiln::randn({n, k}).t(), 2e-6);              // both transposed (x @ W^T)
+        check(kiln::randn({m, 2 * k}).slice(1, 0, 2 * k, 2), kiln::randn({k, 3 * n}).slice(1, 0, 3 * n, 3), 2e-6);  // strided
+        check(kiln::randn({m, k}, DType::f64), kiln::randn({n, k}, DType::f64).t(), 1e-14);
+    }
+    // broadcast operands (stride 0), read in place
+    check(kiln::randn({1, 40}).expand({37, 40}), kiln::randn({40, 1}).expand({40, 45}), 2e-6);
+    // batched, with a broadcast batch dim
+    const Tensor ba = kiln::randn({3, 1, 20, 30}), bb = kiln::randn({4, 50, 30}).transpose(1, 2);
+    const Tensor bc = kiln::matmul(ba, bb);
+    REQUIRE(bc.shape() == Shape{3, 4, 20, 50});
+    for (std::int64_t i = 0; i < 3; ++i)
+        for (std::int64_t j = 0; j < 4; ++j)
+            CHECK(maxdiff(bc.select(0, i).select(0, j), reference(ba.select(0, i).select(0, 0), bb.select(0, j))) < 1e-5);
+    // (..., m, k) @ (k, n) folds the batch into the rows: rows that share one stride, and rows
+    // that do not (a transposed batch), which are copied first
+    const Tensor w2 = kiln::randn({30, 40}).t();
+    const Tensor a4 = kiln::randn({2, 3, 5, 40});
+    const Tensor c4 = kiln::matmul(a4, w2);
+    REQUIRE(c4.shape() == Shape{2, 3, 5, 30});
+    for (std::int64_t i = 0; i < 2; ++i)
+        for (std::int64_t j = 0; j < 3; ++j) CHECK(maxdiff(c4.select(0, i).select(0, j), reference(a4.select(0, i).select(0, j), w2)) < 1e-5);
+    const Tensor a3 = kiln::randn({5, 3, 40}).transpose(0, 1);
+    const Tensor c3 = kiln::matmul(a3, w2);
+    REQUIRE(c3.shape() == Shape{3, 5, 30});
+    for (std::int64_t i = 0; i < 3; ++i) CHECK(maxdiff(c3.select(0, i), reference(a3.select(0, i), w2)) < 1e-5);
+    CHECK(kiln::matmul(kiln::randn({0, 4, 40}), w2).shape() == Shape{0, 4, 30});
+    // the same bits whatever the thread count
+    const Tensor x = kiln::randn({300, 500}), w = kiln::randn({700, 500});
+    kiln::set_num_threads(1);
+    const Tensor one = kiln::matmul(x, w.t());
+    kiln::set_num_threads(2);
+    const Tensor two = kiln::matmul(x, w.t());
+    kiln::set_num_threads(kiln::detail::default_thread_count());
+    CHECK(maxdiff(one, two) == 0);
 }
 
 TEST_CASE("results do not depend on the thread count") {

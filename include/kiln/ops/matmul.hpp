@@ -1,5 +1,5 @@
 // Matrix products with torch.matmul's rules (1-D operands, batch broadcasting, transposes as layout):
-// on the CPU through Eigen's GEMM, on CUDA through cuBLASLt (ops/matmul_impl.hpp).
+// on the CPU through kiln's GEMM (backends/cpu/gemm.hpp), on CUDA through cuBLASLt (ops/matmul_impl.hpp).
 #pragma once
 
 #include <source_location>
@@ -11,7 +11,7 @@
 namespace kiln {
 
 /// Matrix product with torch.matmul's rules: 1-D operands are vectors, leading dims broadcast.
-/// Floating and integer dtypes; f16/bf16 compute in f32. Runs on Eigen's GEMM across kiln's threads.
+/// Floating and integer dtypes; f16/bf16 compute in f32. Runs on kiln's GEMM across kiln's threads on the CPU.
 KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, std::source_location loc = std::source_location::current());
 
 /// matmul of expressions: operands are evaluated first (the product is a library call).

@@ -49,6 +49,37 @@ template <class T> Batch<T> load_aligned(const T* p) { return Batch<T>::load_ali
 template <class T> void store(T* p, const Batch<T>& v) { v.store_unaligned(p); }
 template <class T> void store_aligned(T* p, const Batch<T>& v) { v.store_aligned(p); }
 template <class T> Batch<T> splat(T v) { return Batch<T>(v); }
+/// Writes the transpose of the 16 x 16 floats at src (row stride ls) to dst (row stride ld): with
+/// AVX-512, 16 loads, 64 in-register shuffles and 16 stores; one element at a time otherwise.
+inline void transpose16(const float* src, std::ptrdiff_t ls, float* dst, std::ptrdiff_t ld) {
+#if XSIMD_WITH_AVX512F
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ls);
+    for (int i = 0; i < 16; i += 2) {  // interleave pairs of rows
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {  // then pairs of pairs, within each 128-bit lane
+        r[g] = _mm512_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int h = 0; h < 16; h += 8)  // then 128-bit lanes across rows 4 apart
+        for (int i = 0; i < 4; ++i) {
+            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; ++i) {  // and across rows 8 apart
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ld, r[i]);
+#else
+    for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) dst[j * ld + i] = src[i * ls + j];
+#endif
+}
 
 // ------------------------------------------------------------------ building blocks
 namespace impl {

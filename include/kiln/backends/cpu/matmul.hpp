@@ -1,6 +1,6 @@
-// The CPU matrix product (Eigen's GEMM over kiln's threads); its body is compiled once
-// (backends/cpu/matmul_impl.hpp), so a translation unit that does not define it never
-// instantiates Eigen's GEMM.
+// The CPU matrix product (kiln's GEMM over kiln's threads, Eigen's for integers); its body is
+// compiled once under separate compilation (backends/cpu/matmul_impl.hpp), so a translation unit
+// that does not define it never instantiates either GEMM.
 #pragma once
 
 #include "kiln/core/config.hpp"
@@ -9,7 +9,7 @@
 namespace kiln::detail {
 
 /// a @ b on the CPU with torch.matmul's rules, for operands already validated (kiln::matmul, or a
-/// traced graph): Eigen's GEMM over kiln's threads; f16/bf16 compute in f32.
+/// traced graph): kiln's GEMM (Eigen's for integers) over kiln's threads; f16/bf16 compute in f32.
 KILN_DECL Tensor cpu_matmul(const Tensor& a, const Tensor& b);
 
 }  // namespace kiln::detail

@@ -1,8 +1,10 @@
-// The CPU matrix product: Eigen's GEMM over kiln's threads, transposed views as layouts.
+// The CPU matrix product: kiln's GEMM (backends/cpu/gemm.hpp) for f32 and f64, Eigen's for the
+// integer types, over kiln's threads; transposed and broadcast views are read in place.
 #pragma once
 
 #include <Eigen/Core>
 
+#include "kiln/backends/cpu/gemm.hpp"
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/core/thread_pool.hpp"
@@ -42,7 +44,8 @@ bool with_matrix_map(const T* p, std::int64_t rows, std::int64_t cols, std::int6
     return false;
 }
 
-/// C[b] = A[b] @ B[b] for 3-D contiguous-output batches; A and B already broadcast to the batch.
+/// C[b] = A[b] @ B[b] for 3-D contiguous-output batches of integers (Eigen's GEMM); A and B
+/// already broadcast to the batch.
 template <class T>
 void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c) {
     const std::int64_t batch = c.size(0), m = c.size(1), n = c.size(2), k = a.size(2);
@@ -74,8 +77,22 @@ inline bool gemm_layout_ok(const Tensor& t) {
 
 
 /// a @ b on the CPU with torch.matmul's rules, for operands already validated (kiln::matmul, or a
-/// traced graph): Eigen's GEMM over kiln's threads; f16/bf16 compute in f32.
+/// traced graph): kiln's GEMM (Eigen's for integers) over kiln's threads; f16/bf16 compute in f32.
 KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
+    if (a_in.rank() >= 3 && b_in.rank() == 2) {
+        // (..., m, k) @ (k, n) is one (rows, k) @ (k, n) product, as torch folds it: B is packed
+        // once per block of rows instead of once per batch (A copied first when its rows do not
+        // share one stride, a pass over A against a pass over B per batch)
+        std::int64_t rows = 1;
+        for (int d = 0; d + 1 < a_in.rank(); ++d) rows *= a_in.size(d);
+        const Shape s2{rows, a_in.size(-1)};
+        Strides st;
+        const Tensor a2 = view_strides(a_in.shape(), a_in.strides(), s2, st) ? Tensor(a_in.storage(), a_in.offset(), s2, st, a_in.dtype())
+                                                                              : a_in.contiguous().view(s2);
+        Shape out = a_in.shape();
+        out[out.rank() - 1] = b_in.size(1);
+        return cpu_matmul(a2, b_in).view(out);
+    }
     const DType dt = promote_types(a_in.dtype(), b_in.dtype());
     Tensor a = a_in.rank() == 1 ? a_in.unsqueeze(0) : a_in;
     Tensor b = b_in.rank() == 1 ? b_in.unsqueeze(1) : b_in;
@@ -100,7 +117,8 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
                      ? Tensor(v.storage(), v.offset(), Shape{nb, r, c}, st, ct)
                      : v.contiguous().view({nb, r, c});
         }
-        if (!gemm_layout_ok(v3)) v3 = v3.contiguous();
+        // kiln's GEMM packs any strides; Eigen maps row- or column-major ones only
+        if (!is_floating(ct) && !gemm_layout_ok(v3)) v3 = v3.contiguous();
         return v3;
     };
     const Tensor a3 = prep(a, sa, m, k), b3 = prep(b, sb, k, n);
@@ -111,7 +129,13 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
         } else {
             visit_ct(ct, [&](auto tag) {
                 using T = typename decltype(tag)::type;
-                batched_gemm<T>(a3, b3, c3);
+                if constexpr (std::is_floating_point_v<T>) {
+                    const gemm::View<T> av{static_cast<const T*>(a3.data_ptr()), a3.stride(1), a3.stride(2)};
+                    const gemm::View<T> bv{static_cast<const T*>(b3.data_ptr()), b3.stride(1), b3.stride(2)};
+                    gemm::batched<T>(nb, m, n, k, av, a3.stride(0), bv, b3.stride(0), static_cast<T*>(c3.data_ptr()));
+                } else {
+                    batched_gemm<T>(a3, b3, c3);
+                }
             });
         }
     }
