@@ -1,5 +1,5 @@
-// The CPU matrix product: kiln's GEMM (backends/cpu/gemm.hpp) for f32 and f64, Eigen's for the
-// integer types, over kiln's threads; transposed and broadcast views are read in place.
+// The CPU matrix product: kiln's GEMM (backends/cpu/gemm.hpp) for f32 and f64 on AVX-512 targets,
+// Eigen's otherwise and for the integer types, over kiln's threads.
 #pragma once
 
 #include <Eigen/Core>
@@ -44,8 +44,8 @@ bool with_matrix_map(const T* p, std::int64_t rows, std::int64_t cols, std::int6
     return false;
 }
 
-/// C[b] = A[b] @ B[b] for 3-D contiguous-output batches of integers (Eigen's GEMM); A and B
-/// already broadcast to the batch.
+/// C[b] = A[b] @ B[b] for 3-D contiguous-output batches through Eigen's GEMM (integers, and floats
+/// where kiln's GEMM is off); A and B already broadcast to the batch.
 template <class T>
 void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c) {
     const std::int64_t batch = c.size(0), m = c.size(1), n = c.size(2), k = a.size(2);
@@ -77,7 +77,8 @@ inline bool gemm_layout_ok(const Tensor& t) {
 
 
 /// a @ b on the CPU with torch.matmul's rules, for operands already validated (kiln::matmul, or a
-/// traced graph): kiln's GEMM (Eigen's for integers) over kiln's threads; f16/bf16 compute in f32.
+/// traced graph): kiln's GEMM on AVX-512 (Eigen's otherwise, and for integers) over kiln's threads;
+/// f16/bf16 compute in f32.
 KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
     if (a_in.rank() >= 3 && b_in.rank() == 2) {
         // (..., m, k) @ (k, n) is one (rows, k) @ (k, n) product, as torch folds it: B is packed
@@ -118,7 +119,7 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
                      : v.contiguous().view({nb, r, c});
         }
         // kiln's GEMM packs any strides; Eigen maps row- or column-major ones only
-        if (!is_floating(ct) && !gemm_layout_ok(v3)) v3 = v3.contiguous();
+        if (!(gemm::enabled && is_floating(ct)) && !gemm_layout_ok(v3)) v3 = v3.contiguous();
         return v3;
     };
     const Tensor a3 = prep(a, sa, m, k), b3 = prep(b, sb, k, n);
@@ -129,7 +130,7 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
         } else {
             visit_ct(ct, [&](auto tag) {
                 using T = typename decltype(tag)::type;
-                if constexpr (std::is_floating_point_v<T>) {
+                if constexpr (gemm::enabled && std::is_floating_point_v<T>) {
                     const gemm::View<T> av{static_cast<const T*>(a3.data_ptr()), a3.stride(1), a3.stride(2)};
                     const gemm::View<T> bv{static_cast<const T*>(b3.data_ptr()), b3.stride(1), b3.stride(2)};
                     gemm::batched<T>(nb, m, n, k, av, a3.stride(0), bv, b3.stride(0), static_cast<T*>(c3.data_ptr()));
