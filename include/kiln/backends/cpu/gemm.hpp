@@ -49,55 +49,47 @@ struct View {
     const T& at(std::int64_t i, std::int64_t j) const { return p[i * rs + j * cs]; }
 };
 
-/// Packs rows [0, mc) and columns [0, kc) of a into MR-tall strips, each k-major (MR values per k),
-/// the last strip padded with zeros.
-template <class T>
-void pack_a(View<T> a, std::int64_t mc, std::int64_t kc, T* out) {
-    constexpr std::int64_t MR = Blocking<T>::MR;
-    for (std::int64_t s = 0; s < mc; s += MR, out += kc * MR) {
-        const std::int64_t mr = std::min(MR, mc - s);
-        if (mr < MR) std::fill(out, out + kc * MR, T(0));
-        if (a.cs == 1) {  // row-major A: read each row along k
-            for (std::int64_t r = 0; r < mr; ++r) {
-                const T* src = &a.at(s + r, 0);
-                for (std::int64_t p = 0; p < kc; ++p) out[p * MR + r] = src[p];
+/// Packs lines [0, count) of v, kc terms each (line i, term p: v.at(i, p)), into R-line strips,
+/// each term-major (out[p * R + r] is term p of line s + r), the last strip padded with zeros. A's
+/// strips are its rows; B's are its columns (v = B viewed transposed).
+template <class T, std::int64_t R>
+void pack_strips(View<T> v, std::int64_t count, std::int64_t kc, T* out) {
+    for (std::int64_t s = 0; s < count; s += R, out += kc * R) {
+        const std::int64_t lines = std::min(R, count - s);
+        if (lines < R) std::fill(out, out + kc * R, T(0));
+        if (v.rs == 1) {  // each term's lines are contiguous (a row-major B)
+            for (std::int64_t p = 0; p < kc; ++p) std::copy_n(&v.at(s, p), lines, out + p * R);
+            continue;
+        }
+        std::int64_t r = 0;
+        if constexpr (std::is_same_v<T, float> && R % 16 == 0) {
+            if (v.cs == 1) {  // contiguous lines (x @ W^T's W): 16 x 16 blocks transposed in registers
+                const std::int64_t kv = kc / 16 * 16;
+                for (; r + 16 <= lines; r += 16) {
+                    const T* src = &v.at(s + r, 0);
+                    for (std::int64_t p = 0; p < kv; p += 16) simd::transpose16(src + p, v.rs, out + p * R + r, R);
+                    for (std::int64_t i = 0; i < 16; ++i)
+                        for (std::int64_t p = kv; p < kc; ++p) out[p * R + r + i] = src[i * v.rs + p];
+                }
             }
-        } else {
-            for (std::int64_t p = 0; p < kc; ++p)
-                for (std::int64_t r = 0; r < mr; ++r) out[p * MR + r] = a.at(s + r, p);
+        }
+        for (; r < lines; ++r) {  // one line at a time, along its terms
+            const T* src = &v.at(s + r, 0);
+            for (std::int64_t p = 0; p < kc; ++p) out[p * R + r] = src[p * v.cs];
         }
     }
 }
 
-/// Packs rows [0, kc) and columns [0, nc) of b into NR-wide strips, each k-major (NR values per k),
-/// the last strip padded with zeros.
+/// Rows [0, mc) x columns [0, kc) of a, in MR-row strips.
+template <class T>
+void pack_a(View<T> a, std::int64_t mc, std::int64_t kc, T* out) {
+    pack_strips<T, Blocking<T>::MR>(a, mc, kc, out);
+}
+
+/// Rows [0, kc) x columns [0, nc) of b, in NR-column strips.
 template <class T>
 void pack_b(View<T> b, std::int64_t kc, std::int64_t nc, T* out) {
-    constexpr std::int64_t NR = Blocking<T>::NR;
-    for (std::int64_t s = 0; s < nc; s += NR, out += kc * NR) {
-        const std::int64_t nr = std::min(NR, nc - s);
-        if (nr < NR) std::fill(out, out + kc * NR, T(0));
-        if (b.cs == 1) {  // row-major B: each k's NR values are contiguous
-            for (std::int64_t p = 0; p < kc; ++p) std::copy_n(&b.at(p, s), nr, out + p * NR);
-        } else {  // column-major B (a transposed weight): read each column along k
-            std::int64_t c = 0;
-            if constexpr (std::is_same_v<T, float> && NR % 16 == 0) {
-                if (b.rs == 1) {  // 16 x 16 blocks transposed in registers, the k tail one at a time
-                    const std::int64_t kv = kc / 16 * 16;
-                    for (; c + 16 <= nr; c += 16) {
-                        const T* src = &b.at(0, s + c);
-                        for (std::int64_t p = 0; p < kv; p += 16) simd::transpose16(src + p, b.cs, out + p * NR + c, NR);
-                        for (std::int64_t i = 0; i < 16; ++i)
-                            for (std::int64_t p = kv; p < kc; ++p) out[p * NR + c + i] = src[i * b.cs + p];
-                    }
-                }
-            }
-            for (; c < nr; ++c) {
-                const T* src = &b.at(0, s + c);
-                for (std::int64_t p = 0; p < kc; ++p) out[p * NR + c] = src[p * b.rs];
-            }
-        }
-    }
+    pack_strips<T, Blocking<T>::NR>(View<T>{b.p, b.cs, b.rs}, nc, kc, out);
 }
 
 /// The register tile: c[0:MR, 0:NR] (row stride ldc) = (or +=, with accumulate) a_strip @ b_strip

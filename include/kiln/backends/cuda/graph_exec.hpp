@@ -866,3 +866,7 @@ private:
 };
 
 }  // namespace kiln::cuda::detail
+
+// The definitions of the cuda::matmul and matmul_out declared above, which run_matmul_group (an
+// inline function) calls: every translation unit that may run a CUDA program must see them.
+#include "kiln/backends/cuda/matmul.hpp"
