@@ -177,9 +177,9 @@ template <class T, class StripB>
 
 /// C[0:m, 0:n] (row-major, row stride ldc) = A[0:m, 0:k] @ B[0:k, 0:n] on the calling thread.
 /// For each KC-deep slice, each MC x KC block of A is packed (to stay in L2), then each KC x NR strip
-/// of B is packed just before the block's tiles use it, so it is still in L1. B is packed once per
-/// block of A: a 16 x 16 transpose per 256 of its elements against MC / MR register tiles of
-/// arithmetic per strip, about 2% of the work.
+/// of B is packed just before the block's tiles use it, so it is still in cache. B is packed once
+/// per block of A (measured on a Zen 5 core: about 30% of a 64-row product's time, mostly reading
+/// the weight from memory, and 8% of a 1024-row one's; the tiles alone run at 97% of the FMA peak).
 template <class T>
 void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, View<T> b, T* c, std::int64_t ldc) {
     using Bk = Blocking<T>;
