@@ -433,6 +433,27 @@ TEST_CASE("matmul (kiln's CPU GEMM): block edges, strided, transposed and broadc
     for (std::int64_t i = 0; i < 3; ++i)
         for (std::int64_t j = 0; j < 4; ++j)
             CHECK(maxdiff(bc.select(0, i).select(0, j), reference(ba.select(0, i).select(0, 0), bb.select(0, j))) < 1e-5);
+    // batches fewer than the threads: each product split into blocks, at its batch's offsets
+    for (int threads : {2, 3}) {
+        kiln::set_num_threads(threads);
+        const Tensor pa = kiln::randn({2, 200, 100}), pb = kiln::randn({2, 150, 100}).transpose(1, 2);
+        const Tensor pc = kiln::matmul(pa, pb);
+        for (std::int64_t i = 0; i < 2; ++i) CHECK(maxdiff(pc.select(0, i), reference(pa.select(0, i), pb.select(0, i))) < 1e-4);
+    }
+    kiln::set_num_threads(kiln::detail::default_thread_count());
+    // NaN and infinity reach only the outputs whose row or column holds them (the zero padding of
+    // partial tiles does not leak them)
+    Tensor na = kiln::randn({9, 20}), nb = kiln::randn({20, 33});
+    na.at<float>({8, 3}) = NAN;
+    nb.at<float>({5, 32}) = INFINITY;
+    const Tensor nc = kiln::matmul(na, nb);
+    for (std::int64_t i = 0; i < 9; ++i)
+        for (std::int64_t j = 0; j < 33; ++j) {
+            const float v = nc.at<float>({i, j});
+            if (i == 8) CHECK(std::isnan(v));
+            else if (j == 32) CHECK(std::isinf(v));
+            else CHECK(std::isfinite(v));
+        }
     // (..., m, k) @ (k, n) folds the batch into the rows: rows that share one stride, and rows
     // that do not (a transposed batch), which are copied first
     const Tensor w2 = kiln::randn({30, 40}).t();

@@ -233,6 +233,11 @@ Split choose_split(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t 
 template <class T>
 void batched(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, std::int64_t a_bs, View<T> b, std::int64_t b_bs,
              T* c) {
+    if (batch <= 0 || m <= 0 || n <= 0) return;
+    if (k <= 0) {  // an empty sum
+        std::fill(c, c + batch * m * n, T(0));
+        return;
+    }
     const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     const std::int64_t threads = flops < double(1 << 21) ? 1 : num_threads();
     const std::int64_t per_batch = batch >= threads ? 1 : (threads + batch - 1) / batch;
