@@ -1,5 +1,5 @@
 // Matrix products with torch.matmul's rules (1-D operands, batch broadcasting, transposes as layout):
-// on the CPU through kiln's GEMM (backends/cpu/gemm.hpp), on CUDA through cuBLASLt (ops/matmul_impl.hpp).
+// on the CPU through kiln's GEMM on AVX-512 (backends/cpu/gemm.hpp) or Eigen's, on CUDA through cuBLASLt (ops/matmul_impl.hpp).
 #pragma once
 
 #include <source_location>
@@ -11,7 +11,7 @@
 namespace kiln {
 
 /// Matrix product with torch.matmul's rules: 1-D operands are vectors, leading dims broadcast.
-/// Floating and integer dtypes; f16/bf16 compute in f32. Runs on kiln's GEMM across kiln's threads on the CPU.
+/// Floating and integer dtypes; f16/bf16 compute in f32. On the CPU it runs kiln's GEMM (AVX-512) or Eigen's across kiln's threads.
 KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, std::source_location loc = std::source_location::current());
 
 /// matmul of expressions: operands are evaluated first (the product is a library call).

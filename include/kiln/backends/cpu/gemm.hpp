@@ -17,7 +17,7 @@
 namespace kiln::detail::gemm {
 
 /// Whether kiln's CPU products use this GEMM: on AVX-512 targets, where it runs 1.2-1.5x faster
-/// than Eigen's (whose AVX-512 kernels run a Zen 5 core at 40-75 GFLOP/s of its 115). On AVX2 and
+/// than Eigen's (whose AVX-512 kernels ran a Zen 5 core at 36-83 GFLOP/s of its 115). On AVX2 and
 /// SSE targets Eigen's GEMM is as fast or faster (measured on the same core built for AVX2: 70-105
 /// GFLOP/s, this one 49-95), so Eigen's stays (backends/cpu/matmul_impl.hpp).
 inline constexpr bool enabled = XSIMD_WITH_AVX512F;

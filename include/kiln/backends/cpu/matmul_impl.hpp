@@ -76,6 +76,13 @@ inline bool gemm_layout_ok(const Tensor& t) {
 }
 
 
+/// t as `shape` (same numel): a view where its strides allow one, else a contiguous copy. A
+/// backend's own reshaping: unlike Tensor::reshape it records no view for tracing or autograd.
+inline Tensor as_shape(const Tensor& t, const Shape& shape) {
+    Strides st;
+    return view_strides(t.shape(), t.strides(), shape, st) ? Tensor(t.storage(), t.offset(), shape, st, t.dtype()) : t.contiguous().view(shape);
+}
+
 /// a @ b on the CPU with torch.matmul's rules, for operands already validated (kiln::matmul, or a
 /// traced graph): kiln's GEMM on AVX-512 (Eigen's otherwise, and for integers) over kiln's threads;
 /// f16/bf16 compute in f32.
@@ -86,13 +93,9 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
         // share one stride, a pass over A against a pass over B per batch)
         std::int64_t rows = 1;
         for (int d = 0; d + 1 < a_in.rank(); ++d) rows *= a_in.size(d);
-        const Shape s2{rows, a_in.size(-1)};
-        Strides st;
-        const Tensor a2 = view_strides(a_in.shape(), a_in.strides(), s2, st) ? Tensor(a_in.storage(), a_in.offset(), s2, st, a_in.dtype())
-                                                                              : a_in.contiguous().view(s2);
         Shape out = a_in.shape();
         out[out.rank() - 1] = b_in.size(1);
-        return cpu_matmul(a2, b_in).view(out);
+        return cpu_matmul(as_shape(a_in, Shape{rows, a_in.size(-1)}), b_in).view(out);
     }
     const DType dt = promote_types(a_in.dtype(), b_in.dtype());
     Tensor a = a_in.rank() == 1 ? a_in.unsqueeze(0) : a_in;
@@ -112,12 +115,7 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
         Tensor v = t.dtype() == ct ? t : t.to(ct);
         v = v.expand(to);
         Tensor v3 = v.unsqueeze(0);
-        if (v.rank() >= 3) {  // merge the batch dims into one; copy when their strides do not allow it
-            Strides st;
-            v3 = view_strides(v.shape(), v.strides(), Shape{nb, r, c}, st)
-                     ? Tensor(v.storage(), v.offset(), Shape{nb, r, c}, st, ct)
-                     : v.contiguous().view({nb, r, c});
-        }
+        if (v.rank() >= 3) v3 = as_shape(v, Shape{nb, r, c});  // the batch dims merged into one
         // kiln's GEMM packs any strides; Eigen maps row- or column-major ones only
         if (!(gemm::enabled && is_floating(ct)) && !gemm_layout_ok(v3)) v3 = v3.contiguous();
         return v3;
