@@ -22,6 +22,7 @@
 #include <kiln/nn/bert.hpp>
 #include <kiln/nn/tokenizer.hpp>
 
+#include "hand_cpu.hpp"
 #include "train_workloads.hpp"
 
 #include <Eigen/Core>
@@ -272,6 +273,12 @@ public:
                 if (e > 0 && f > 0) std::printf("\n");
             }
         }
+        for (const char* w : {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm"})
+            for (int t : thread_counts()) {
+                const double h = median_us(w, "hand", t), f = median_us(w, "fused", t), c = median_us(w, "compiled", t);
+                if (h > 0 && f > 0 && c > 0)
+                    std::printf("  %-13s %d thr: time / the hand-written xsimd loop's: fused %.2f, compiled %.2f\n", w, t, f / h, c / h);
+            }
         const auto tc = thread_counts();
         for (int t : tc) {
             const double f = median_us("chain16M", "fused", t), g = median_us("chain16M", "eigen", t);
@@ -409,7 +416,13 @@ void bench_chain(Bench& b, const std::string& name, std::int64_t n) {
                 ey = (ex * 1.5f + 0.5f).max(0.0f) * ex.logistic() - (ex * 0.1f).tanh() + (-ex * ex).exp();
             });
         });
+        b.row(name, "hand", t, bytes, [&] {  // bench/hand_cpu.hpp: an xsimd loop written for this chain
+            const float* px = x.data<float>();
+            float* py = y.data<float>();
+            kiln::detail::parallel_for(n, 1 << 16, [&](std::int64_t lo, std::int64_t hi) { kiln_bench_hand::chain_range(px, py, lo, hi); });
+        });
     }
+    check_close(name + " hand", y, ref, 1e-5);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,6 +442,17 @@ void bench_bias_gelu(Bench& b) {
         b.row(name, "fused", t, bytes, [&] { y.assign(kiln::gelu_tanh(x + bias)); });
         auto compiled = kiln::compile([&](const Tensor& v) { return Tensor(kiln::gelu_tanh(v + bias)); });
         b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
+        // the hand-written anchors (bench/hand_cpu.hpp): an xsimd loop and an Eigen loop per row
+        for (const bool eigen : {false, true}) {
+            Tensor h = kiln::empty({rows, cols});
+            b.row(name, eigen ? "eigen_rows" : "hand", t, bytes, [&] {
+                kiln::detail::parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+                    (eigen ? kiln_bench_hand::bias_gelu_rows_eigen : kiln_bench_hand::bias_gelu_rows)(
+                        x.data<float>(), bias.data<float>(), h.data<float>(), cols, r0, r1);
+                });
+            });
+            check_close(name + (eigen ? " eigen_rows" : " hand"), h, y, 1e-5);
+        }
     }
 }
 
@@ -456,6 +480,13 @@ void bench_softmax(Bench& b) {
         b.row(name, "fused", t, bytes, [&] { y = kiln::softmax(x); });
         auto compiled = kiln::compile([](const Tensor& v) { return kiln::softmax(v); });
         b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
+        Tensor h = kiln::empty({rows, cols});
+        b.row(name, "hand", t, bytes, [&] {  // bench/hand_cpu.hpp
+            kiln::detail::parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+                kiln_bench_hand::softmax_rows(x.data<float>(), h.data<float>(), cols, r0, r1);
+            });
+        });
+        check_close(name + " hand", h, y, 1e-6);
     }
 }
 
@@ -487,6 +518,13 @@ void bench_layernorm(Bench& b) {
             y = compiled(x);
         });
         check_close(name + " compiled", y, layernorm_eager(x, w, bias), 1e-5);
+        Tensor h = kiln::empty({rows, cols});
+        b.row(name, "hand", t, bytes, [&] {  // bench/hand_cpu.hpp
+            kiln::detail::parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+                kiln_bench_hand::layernorm_rows(x.data<float>(), w.data<float>(), bias.data<float>(), h.data<float>(), cols, r0, r1);
+            });
+        });
+        check_close(name + " hand", h, y, 1e-5);
     }
 }
 

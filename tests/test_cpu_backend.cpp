@@ -238,7 +238,7 @@ TEST_CASE("run: nested calls run inline; concurrent callers from other threads a
     CHECK(total.load() == 3 * 100 * (16 * 17 / 2));
 }
 
-TEST_CASE("parallel_for covers [0, n) exactly once in at most num_threads ordered chunks") {
+TEST_CASE("parallel_for covers [0, n) exactly once in at most chunks_per_thread chunks a thread, of at least grain elements") {
     Watchdog dog("parallel_for coverage");
     ThreadCountGuard guard;
     for (int threads : {1, 2, 3}) {
@@ -258,8 +258,11 @@ TEST_CASE("parallel_for covers [0, n) exactly once in at most num_threads ordere
                 std::int64_t wrong = 0;
                 for (auto& h : hits) wrong += h.load() != 1;
                 CHECK(wrong == 0);
-                CHECK(static_cast<int>(chunks.size()) <= threads);
+                CHECK(static_cast<std::int64_t>(chunks.size()) <= threads * kiln::detail::chunks_per_thread);
                 CHECK(static_cast<std::int64_t>(chunks.size()) <= std::max<std::int64_t>(1, n / grain));
+                if (threads == 1) CHECK(chunks.size() <= 1);  // one thread: one call, no splitting
+                if (threads > 1 && n / grain >= threads * kiln::detail::chunks_per_thread)  // enough work: more chunks than threads
+                    CHECK(static_cast<std::int64_t>(chunks.size()) == threads * kiln::detail::chunks_per_thread);
                 CHECK((n == 0) == chunks.empty());
                 for (const auto& [b, e] : chunks) CHECK(b < e);
             }
@@ -427,7 +430,7 @@ TEST_CASE("with 4 threads pinned to one CPU, every job completes with every task
         std::int64_t wrong = 0;
         for (auto& h : hits) wrong += h.load() != 1;
         REQUIRE_MESSAGE(wrong == 0, "job " << rep << ": " << wrong << " of " << n << " indices not covered exactly once");
-        REQUIRE(chunks.load() == 4);
+        REQUIRE(chunks.load() == 4 * kiln::detail::chunks_per_thread);
     }
     for (int rep = 0; rep < 50; ++rep) check_each_task_once(rep % 13 + 2);
     // workers that went to sleep (longer than they spin) still wake for the next job

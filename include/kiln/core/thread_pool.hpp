@@ -90,8 +90,12 @@ KILN_DECL int default_thread_count();
 
 KILN_DECL ThreadPool& thread_pool();
 
-/// Splits [0, n) into chunks of at least `grain` elements and runs f(begin, end) on each, in
-/// parallel when there is more than one chunk.
+/// Chunks parallel_for makes per thread (at most): claimed dynamically, so uneven threads even out.
+inline constexpr std::int64_t chunks_per_thread = 4;
+
+/// Splits [0, n) into chunks of at least `grain` elements (up to chunks_per_thread per thread) and
+/// runs f(begin, end) on each, in parallel when there is more than one chunk. Which chunks a
+/// thread gets is decided at run time: f must not depend on it.
 KILN_DECL void parallel_for(std::int64_t n, std::int64_t grain, const std::function<void(std::int64_t, std::int64_t)>& f);
 
 }  // namespace kiln::detail

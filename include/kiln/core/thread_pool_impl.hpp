@@ -163,7 +163,10 @@ KILN_DECL void parallel_for(std::int64_t n, std::int64_t grain, const std::funct
     if (n <= 0) return;
     ThreadPool& pool = thread_pool();
     const std::int64_t threads = pool.num_threads();
-    const std::int64_t chunks = std::min<std::int64_t>(threads, std::max<std::int64_t>(1, n / std::max<std::int64_t>(grain, 1)));
+    // More chunks than threads, claimed one at a time (ThreadPool::run): a thread whose vCPU is
+    // slow or taken by another process does fewer, instead of setting the pace for all.
+    const std::int64_t chunks =
+        threads == 1 ? 1 : std::min<std::int64_t>(threads * chunks_per_thread, std::max<std::int64_t>(1, n / std::max<std::int64_t>(grain, 1)));
     if (chunks <= 1) {
         f(0, n);
         return;
