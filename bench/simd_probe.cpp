@@ -45,7 +45,8 @@ const InputClass classes[] = {
     {"zero", [](std::mt19937& g, std::size_t) { return sign(g) * 0.0f; }},
     {"underflow", [](std::mt19937& g, std::size_t) { return -uniform(g, 88.0f, 200.0f); }},   // exp, sigmoid... reach denormals or 0
     {"overflow", [](std::mt19937& g, std::size_t) { return uniform(g, 89.0f, 200.0f); }},     // exp reaches inf
-    {"huge", [](std::mt19937& g, std::size_t) { return sign(g) * uniform(g, 1e6f, 3e38f); }},  // trig argument reduction
+    {"large", [](std::mt19937& g, std::size_t) { return sign(g) * uniform(g, 300.0f, 8e5f); }},  // trig: positions, phases
+    {"huge", [](std::mt19937& g, std::size_t) { return sign(g) * uniform(g, 1e6f, 3e38f); }},   // trig: exact reduction
     {"+inf", [](std::mt19937&, std::size_t) { return inf; }},
     {"-inf", [](std::mt19937&, std::size_t) { return -inf; }},
     {"nan", [](std::mt19937&, std::size_t) { return std::numeric_limits<float>::quiet_NaN(); }},

@@ -294,6 +294,36 @@ TEST_CASE("simd f32 log, log1p, sin, cos, tan, sqrt, rsqrt: documented bounds") 
     check_sweep<float>("sqrt", pos, 0.5, true, sqrt_fn, [](auto x) { return std::sqrt(x); });
     check_sweep<float>("rsqrt", pos, 1.5, true, rsqrt_fn, [](auto x) { return decltype(x)(1) / std::sqrt(x); });
 
+    // the vector reduction in double (|x| from 64 pi to 2^19 pi/2), its ends, and beyond
+    const auto wide = sweep_points<float>(-823549.0f, 823549.0f, 1 << 20, 4099);
+    check_sweep<float>("sin", wide, 2.5, false, sin_fn, [](auto x) { return std::sin(x); });
+    check_sweep<float>("cos", wide, 2.5, false, cos_fn, [](auto x) { return std::cos(x); });
+    check_sweep<float>("tan", wide, 3.5, false, tan_fn, [](auto x) { return std::tan(x); });
+    // the floats nearest a multiple of pi/2 in that range (the reduction's hardest cases: r tiny;
+    // the 8 closest, found by rounding k pi/2 to float for every k < 2^19 in 50-digit decimals), and
+    // the range's ends
+    for (float x : {252.89820861816406f, 505.7964172363281f, 52516.43359375f, 1011.5928344726562f, 105032.8671875f,
+                    2023.1856689453125f, 267058.9375f, 2238.384765625f, 201.0f, 201.1f, 823549.0f, 823550.0f}) {
+        INFO("x = ", x);
+        CHECK(ulp_error(ks::sin(ks::splat(x)).get(0), std::sin((long double)x)) <= 2.5);
+        CHECK(ulp_error(ks::cos(ks::splat(x)).get(0), std::cos((long double)x)) <= 2.5);
+        CHECK(ulp_error(ks::tan(ks::splat(x)).get(0), std::tan((long double)x)) <= 3.5);
+    }
+    // a batch mixing inf, NaN, huge and ordinary lanes: each lane gets its own value
+    {
+        alignas(64) float in[ks::width<float>];
+        const float specials[] = {finf, -finf, fnan, 1e30f, 3000.5f, -0.75f, 1e6f, 250.0f};
+        for (std::size_t i = 0; i < ks::width<float>; ++i) in[i] = specials[i % 8];
+        const auto v = ks::Batch<float>::load_aligned(in);
+        const ks::Batch<float> r[3] = {ks::sin(v), ks::cos(v), ks::tan(v)};
+        for (std::size_t i = 0; i < ks::width<float>; ++i) {
+            INFO("lane ", i, ", x = ", in[i]);
+            CHECK(ulp_error(r[0].get(i), std::sin((long double)in[i])) <= 2.5);
+            CHECK(ulp_error(r[1].get(i), std::cos((long double)in[i])) <= 2.5);
+            CHECK(ulp_error(r[2].get(i), std::tan((long double)in[i])) <= 3.5);
+        }
+    }
+
     for (float x : {0.0f, -0.0f, finf, -finf, fnan, -1.0f, Lim<float>::denorm_min(), 1e30f, -1e30f}) {
         INFO("x = ", x);
         CHECK(ulp_error(ks::log(ks::splat(x)).get(0), std::log((long double)x)) <= 1.0);

@@ -172,14 +172,19 @@ template <class V> [[gnu::always_inline]] inline V scale_pow2_f32(const V& p, [[
 #endif
     {
         // Two steps so that each factor is a normal float: p * 2^n1 is exact, the second product
-        // rounds once, exactly like a single correctly rounded scaling.
+        // rounds once, exactly like a single correctly rounded scaling. The second is an FMA with
+        // a zero addend where there is one (the same rounding): Zen 5 takes a MUL whose result is
+        // denormal or underflows to 0 through microcode, which made every batch holding such a
+        // lane (exp of -inf: masked softmax) 2.3x slower; its FMA has no such penalty
+        // (bench/simd_probe.cpp, kiln_simd_probe_avx2).
         using I = bits_of<V>;
         const I ni = to_bits(t) - I(0x4B400000);
         const I n1 = ni >> 1;
         const I n2 = ni - n1;
         const V e1 = from_bits<V>((n1 << 23) + I(0x3F800000));
         const V e2 = from_bits<V>((n2 << 23) + I(0x3F800000));
-        return p * e1 * e2;
+        if constexpr (has_fma) return fmadd(p * e1, e2, V(0.0f));
+        else return p * e1 * e2;
     }
 }
 
@@ -227,7 +232,19 @@ template <class V> inline V exp_f32(const V& x) {
     return exp_core_f32(clamp_keep_nan(x, V(-104.0f), V(89.0f)));
 }
 
-template <class V> inline V expm1_f32(const V& x) {
+/// Whether any lane of a comparison holds (a scalar comparison is its one lane).
+template <class M> [[gnu::always_inline]] inline bool any_lane(const M& m) {
+    if constexpr (std::is_same_v<M, bool>) return m;
+    else return xsimd::any(m);
+}
+
+// Denormal operands and results are microcoded on x86 (Zen 5: a division by or of a denormal, a
+// MUL whose result is denormal; 1.8-3.4x slower batches in kiln_simd_probe). Where a formula would
+// make one out of an ordinary input, the few batches holding such a lane take a second path that
+// computes on a safe value instead and selects the exact answer; the test (one compare, on the
+// input, off the critical path) is all ordinary batches pay.
+
+template <class V> inline V expm1_core_f32(const V& x) {
     // expm1 rounds to -1 below -17.33 and overflows past 88.7228.
     const V xc = clamp_keep_nan(x, V(-18.0f), V(89.0f));
     const V shift(0x1.8p23f);
@@ -247,19 +264,35 @@ template <class V> inline V expm1_f32(const V& x) {
     return from_bits<V>(to_bits(m) | (to_bits(x) & I(std::int32_t(0x80000000u))));
 }
 
+template <class V> inline V expm1_f32(const V& x) {
+    // Below 2^-60 in magnitude expm1 x is x, and r * r would be denormal: such lanes compute on 0.
+    using I = bits_of<V>;
+    const auto tiny = from_bits<V>(to_bits(x) & I(0x7FFFFFFF)) < V(0x1p-60f);
+    if (any_lane(tiny)) return sel(tiny, x, expm1_core_f32(sel(tiny, V(0.0f), x)));
+    return expm1_core_f32(x);
+}
+
 template <class V> inline V sigmoid_f32(const V& x) {
     // e = e^-|x| never overflows; for x < 0, e/(1+e) keeps full relative precision down to the
     // denormals where 1/(1+e^-x) would already have hit inf and returned 0.
     const V e = exp_core_f32(max_keep_nan(V(-104.0f), neg_abs_f32(x)));
     const V one(1.0f);
-    return sel(x < V(0.0f), e, one) / (one + e);
+    const V num = sel(x < V(0.0f), e, one);
+    if (any_lane(x < V(-87.0f))) {
+        // e may be denormal (x < -87.34): then 1 + e rounds to 1 and the result is e itself;
+        // those lanes divide 1 instead of a denormal
+        const auto tiny = (e < V(std::numeric_limits<float>::min())) & (x < V(0.0f));
+        return sel(tiny, e, sel(tiny, one, num) / (one + e));
+    }
+    return num / (one + e);
 }
 
-template <class V> inline V tanh_f32(const V& x) {
+/// tanh of |x| = ax, with the sign of x.
+template <class V> inline V tanh_core_f32(const V& ax, const V& x) {
     // tanh|x| = m / (m + 2) with m = e^2|x| - 1: no cancellation anywhere (m keeps full relative
     // precision near 0), and m's own error fades as m grows. Past |x| = 9.0109 tanh rounds to 1.
     using I = bits_of<V>;
-    const V a = min_keep_nan(V(9.02f), from_bits<V>(to_bits(x) & I(0x7FFFFFFF)));
+    const V a = min_keep_nan(V(9.02f), ax);
     const V y = a + a;
     const V shift(0x1.8p23f);
     const V t = fmadd(y, V(0x1.715476p+0f), shift);
@@ -272,6 +305,16 @@ template <class V> inline V tanh_f32(const V& x) {
     const V m = fmadd(two_n, em_r, two_n - V(1.0f));
     const V th = m / (m + V(2.0f));
     return from_bits<V>(to_bits(th) | (to_bits(x) & I(std::int32_t(0x80000000u))));
+}
+
+template <class V> inline V tanh_f32(const V& x) {
+    // Below 2^-60 tanh x rounds to x, and r * r and m / (m + 2) would be denormal: such lanes
+    // compute on 0.
+    using I = bits_of<V>;
+    const V ax = from_bits<V>(to_bits(x) & I(0x7FFFFFFF));
+    const auto tiny = ax < V(0x1p-60f);
+    if (any_lane(tiny)) return sel(tiny, x, tanh_core_f32(sel(tiny, V(0.0f), ax), x));
+    return tanh_core_f32(ax, x);
 }
 
 template <class V> inline V erf_f32(const V& x) {
@@ -508,19 +551,86 @@ template <real_value V> V sqrt(V x) {
 /// 1 / sqrt(x) as two correctly rounded operations (max 1.5 ULP), not the 12/14-bit estimate
 /// instructions; scalar and batch agree bit for bit.
 template <real_value V> V rsqrt(V x) { return V(scalar_of<V>(1)) / simd::sqrt(x); }
-/// sin. max 2.5 ULP (checked to |x| = 1e5).
+namespace impl {
+
+enum class Trig { sin, cos, tan };
+
+template <Trig F> inline Batch<float> xsimd_trig(const Batch<float>& x) {
+    if constexpr (F == Trig::sin) return xsimd::sin(x);
+    else if constexpr (F == Trig::cos) return xsimd::cos(x);
+    else return xsimd::tan(x);
+}
+
+/// sin, cos or tan of a float batch. xsimd 8.1 reduces |x| <= 64 pi in vector code but sends a
+/// whole batch lane by lane through a double Payne-Hanek routine once one lane is larger, infinite
+/// or NaN: ~80 ns an element, 130-200x its vector speed (kiln_simd_probe), for arguments as common
+/// as sinusoidal position encodings (positions in the thousands). Here infinities and NaN become
+/// NaN without it, and |x| up to 2^19 pi/2 is reduced in double, vectorized: x - k pi/2 with pi/2
+/// in three parts (the first two of 33 bits, so k * part is exact for k < 2^20), then xsimd's
+/// kernels on the reduced float r in [-pi/4, pi/4] and the quadrant k mod 4 picks the result.
+/// Larger arguments keep xsimd's exact reduction.
+template <Trig F> inline Batch<float> trig_f32(const Batch<float>& x) {
+    using BF = Batch<float>;
+    using BD = Batch<double>;
+    const BF ax = xsimd::abs(x);
+    if (xsimd::all(ax <= BF(201.0f))) return xsimd_trig<F>(x);  // xsimd's vector reduction (64 pi)
+    const auto finite = ax <= BF(std::numeric_limits<float>::max());
+    if (!xsimd::all(finite))
+        return xsimd::select(finite, trig_f32<F>(xsimd::select(finite, x, BF(0.0f))), BF(std::numeric_limits<float>::quiet_NaN()));
+    if (xsimd::any(ax > BF(823549.0f))) return xsimd_trig<F>(x);  // beyond k < 2^19: exact, lane by lane
+    constexpr std::size_t w = width<float>, h = width<double>;
+    alignas(64) float xf[w];
+    alignas(64) double xd[w], kd[w];
+    x.store_aligned(xf);
+    for (std::size_t i = 0; i < w; ++i) xd[i] = xf[i];
+    for (std::size_t o = 0; o < w; o += h) {
+        const BD d = BD::load_aligned(xd + o);
+        const BD k = xsimd::nearbyint(d * BD(0x1.45f306dc9c883p-1));  // 2 / pi
+        BD r = fmadd(k, BD(-0x1.921fb544p+0), d);                      // exact: k * part has <= 53 bits
+        r = fmadd(k, BD(-0x1.0b4611a6p-34), r);
+        r = fmadd(k, BD(-0x1.3198a2e037073p-69), r);
+        r.store_aligned(xd + o);
+        k.store_aligned(kd + o);
+    }
+    // per lane, from k mod 4: whether the result is the other function of r, and its sign
+    // (sin: s, c, -s, -c for k mod 4 = 0..3; cos: c, -s, -c, s; tan: t, -1/t, t, -1/t)
+    alignas(64) float rf[w], other[w], negate[w];
+    for (std::size_t i = 0; i < w; ++i) {
+        rf[i] = static_cast<float>(xd[i]);
+        const std::int64_t q = static_cast<std::int64_t>(kd[i]) & 3;
+        other[i] = static_cast<float>(q & 1);
+        negate[i] = F == Trig::sin ? static_cast<float>(q >> 1) : F == Trig::cos ? static_cast<float>(q == 1 || q == 2) : 0.0f;
+    }
+    const BF r = BF::load_aligned(rf);
+    const auto odd = BF::load_aligned(other) != BF(0.0f), neg = BF::load_aligned(negate) != BF(0.0f);
+    if constexpr (F == Trig::tan) {
+        const BF t = xsimd::tan(r);
+        return xsimd::select(odd, BF(-1.0f) / t, t);  // tan(r + pi/2) = -1 / tan r
+    } else {
+        const BF sr = xsimd::sin(r), cr = xsimd::cos(r);
+        const BF v = F == Trig::sin ? xsimd::select(odd, cr, sr) : xsimd::select(odd, sr, cr);
+        return xsimd::select(neg, -v, v);
+    }
+}
+
+}  // namespace impl
+
+/// sin. max 2.5 ULP (checked to |x| = 1e5 and at 1e30); float batches at vector speed to |x| = 8e5.
 template <real_value V> V sin(V x) {
-    if constexpr (is_batch_v<V>) return xsimd::sin(x);
+    if constexpr (std::is_same_v<V, Batch<float>>) return impl::trig_f32<impl::Trig::sin>(x);
+    else if constexpr (is_batch_v<V>) return xsimd::sin(x);
     else return std::sin(x);
 }
-/// cos. max 2.5 ULP (checked to |x| = 1e5).
+/// cos. max 2.5 ULP (checked to |x| = 1e5 and at 1e30); float batches at vector speed to |x| = 8e5.
 template <real_value V> V cos(V x) {
-    if constexpr (is_batch_v<V>) return xsimd::cos(x);
+    if constexpr (std::is_same_v<V, Batch<float>>) return impl::trig_f32<impl::Trig::cos>(x);
+    else if constexpr (is_batch_v<V>) return xsimd::cos(x);
     else return std::cos(x);
 }
-/// tan. max 3.5 ULP (checked to |x| = 1e5).
+/// tan. max 3.5 ULP (checked to |x| = 1e5 and at 1e30); float batches at vector speed to |x| = 8e5.
 template <real_value V> V tan(V x) {
-    if constexpr (is_batch_v<V>) return xsimd::tan(x);
+    if constexpr (std::is_same_v<V, Batch<float>>) return impl::trig_f32<impl::Trig::tan>(x);
+    else if constexpr (is_batch_v<V>) return xsimd::tan(x);
     else return std::tan(x);
 }
 /// Exact.
