@@ -86,6 +86,12 @@ std::string cpu_model() {
     return "unknown CPU";
 }
 
+std::string fixed2(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2f", v);
+    return b;
+}
+
 class Bench {
 public:
     explicit Bench(Options o) : opt_(std::move(o)) {}
@@ -280,6 +286,15 @@ public:
                     std::printf("  %-13s %d thr: time / the hand-written xsimd loop's: fused %.2f, compiled %.2f\n", w, t, f / h, c / h);
             }
         const auto tc = thread_counts();
+        if (tc.size() > 1)  // scaling of every CPU row that ran at both thread counts
+            for (const char* w : {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes"}) {
+                std::string line;
+                for (const char* m : {"eager", "fused", "compiled", "hand"}) {
+                    const double one = median_us(w, m, 1), all = median_us(w, m, tc.back());
+                    if (one > 0 && all > 0) line += std::string(line.empty() ? "" : ", ") + m + " " + fixed2(one / all) + "x";
+                }
+                if (!line.empty()) std::printf("  %-13s %d threads vs 1: %s\n", w, tc.back(), line.c_str());
+            }
         for (int t : tc) {
             const double f = median_us("chain16M", "fused", t), g = median_us("chain16M", "eigen", t);
             if (f > 0 && g > 0) std::printf("  chain16M   %d thr: fused is %.2fx faster than the Eigen array expression\n", t, g / f);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -294,16 +295,23 @@ struct RowProgram {
     std::vector<Out> outs;
 };
 
+/// Elements a row kernel reduces in T before folding into the accumulator type: each of the 4 L
+/// lane chains adds row_tile_elems / (4 L) values in T (32 with AVX-512, 64 with AVX2).
+inline constexpr std::int64_t row_tile_elems = 2048;
+
 /// The source of a row program's kernel `kiln_kernel(ptrs, outer_shape, outer_strides, scalars,
 /// inner, begin_row, end_row)`, or "" where not covered. Members run in stages: one loop over the
 /// row per stage (leaves re-read from L1), a stage ending where a value needs a reduction of the
 /// same loop; row values used by a later stage go through a row buffer; scalar members run
 /// between stages. A reduction combines chunks into 4 vector accumulators (4 independent
 /// dependency chains: a NaN-aware max is 3 dependent instructions a chunk), folded per tile of
-/// tile_elems into one vector of the table entry's accumulator type (double for float sums, as the
-/// interpreter's tiles), whose lanes are combined once per row. Measured on a 4096 x 1024 softmax
-/// (Zen 5, one thread, 2026-11-27): 1.8-2.1 ms against 2.9-3.1 ms with one chain and a lane
-/// reduction per tile; the hand-written xsimd loop (bench/hand_cpu.hpp) took 1.6-1.7 ms.
+/// row_tile_elems into one vector of the table entry's accumulator type (double for float sums),
+/// whose lanes are combined once per row. A row value of a cheap op (add, sub, mul, neg, abs of
+/// leaves and row scalars: layer_norm's x - mean) that a later pass reads is computed again there
+/// from L1 instead of going through a row buffer (a store and a load saved). Measured on a 4096 x 1024 softmax (Zen 5, one thread,
+/// 2026-11-27): 1.8-2.1 ms against 2.9-3.1 ms with one chain and a lane reduction per 256-element
+/// tile; a 2048-element tile then took 1.83-1.99 ms against 1.93-2.15 with 256; the hand-written
+/// xsimd loop (bench/hand_cpu.hpp) took 1.60-1.68 ms.
 inline std::string row_source(const RowProgram& p) {
     const std::size_t nl = p.leaves.size(), ns = p.scalars, nm = p.members.size();
     const int O = p.outer_rank;
@@ -338,13 +346,25 @@ inline std::string row_source(const RowProgram& p) {
             ready[m] = st;
         }
     }
+    // vec members a later stage computes again instead of buffering: one cheap op on leaves,
+    // scalars and row scalars
+    std::vector<char> remat(nm, 0);
+    for (std::size_t m = 0; m < nm; ++m) {
+        const auto& mb = p.members[m];
+        const bool cheap = mb.op == ops::op_id<ops::Add> || mb.op == ops::op_id<ops::Sub> || mb.op == ops::op_id<ops::Mul> ||
+                           mb.op == ops::op_id<ops::Neg> || mb.op == ops::op_id<ops::Abs>;
+        bool ok = mb.vec && cheap;
+        for (int k = 0; k < 3 && ok; ++k)
+            if (mb.in[k] >= 0 && is_member(mb.in[k]) && p.members[member_of(mb.in[k])].vec) ok = false;
+        remat[m] = ok;
+    }
     // row buffers: vec members read in a later stage than their own
     std::vector<int> buffer(nm, -1);
     int nbuf = 0;
     for (std::size_t m = 0; m < nm; ++m)
         for (int k = 0; k < 3; ++k) {
             const int v = p.members[m].in[k];
-            if (v >= 0 && is_member(v) && p.members[member_of(v)].vec && buffer[member_of(v)] < 0 &&
+            if (v >= 0 && is_member(v) && p.members[member_of(v)].vec && !remat[member_of(v)] && buffer[member_of(v)] < 0 &&
                 (p.members[m].reduce || p.members[m].vec ? stage[m] : ready[m]) > stage[member_of(v)])
                 buffer[member_of(v)] = nbuf++;
         }
@@ -403,8 +423,8 @@ inline std::string row_source(const RowProgram& p) {
             s += "        V<A" + ms + "> av" + ms + " = splat<A" + ms + ">(static_cast<A" + ms + ">(R" + ms + "::template identity<T>()));\n";
             s += "        T at" + ms + " = R" + ms + "::template identity<T>();  // the row's partial chunk\n";
         }
-        s += "        for (i64 t0 = 0; t0 < inner; t0 += " + std::to_string(tile_elems) + ") {\n";
-        s += "            const i64 tn = std::min<i64>(" + std::to_string(tile_elems) + ", inner - t0);\n";
+        s += "        for (i64 t0 = 0; t0 < inner; t0 += " + std::to_string(row_tile_elems) + ") {\n";
+        s += "            const i64 tn = std::min<i64>(" + std::to_string(row_tile_elems) + ", inner - t0);\n";
         for (std::size_t m : reds) {
             const std::string ms = std::to_string(m);
             s += "            V<T> ab" + ms + "[4];\n";
@@ -412,8 +432,28 @@ inline std::string row_source(const RowProgram& p) {
         }
         s += "            auto chunk = [&]<bool Full, int J>(i64 i, int n) {\n";
         // values this stage reads: leaves (varying) loaded, earlier-stage vec members from buffers
+        // or computed again (remat)
         std::vector<int> loaded;
-        auto vec_name = [&](int v) -> std::string {
+        std::function<std::string(int)> vec_name;
+        auto emit_op = [&](std::size_t m) {  // member m's value as v<m>, from its operands
+            const auto& mb = p.members[m];
+            const std::string ms = std::to_string(m);
+            // a row divided by one value (softmax's normalization): times its reciprocal, as the interpreter
+            if (mb.op == ops::op_id<ops::Div> && varies(mb.in[0]) && !varies(mb.in[1])) {
+                const std::string a = vec_name(mb.in[0]);
+                s += "                const V<T> v" + ms + " = op<Op<" + std::to_string(ops::op_id<ops::Mul>) + ">, T>(DType(" +
+                     std::to_string(static_cast<int>(mb.attr)) + "), " + a + ", splat<T>(T(1) / " + scalar_name(mb.in[1]) + "));  // div\n";
+                return;
+            }
+            std::vector<std::string> args;
+            for (int k = 0; k < 3; ++k)
+                if (mb.in[k] >= 0) args.push_back(vec_name(mb.in[k]));
+            s += "                const V<T> v" + ms + " = op<Op<" + std::to_string(mb.op) + ">, T>(DType(" +
+                 std::to_string(static_cast<int>(mb.attr)) + ")";
+            for (const auto& a : args) s += ", " + a;
+            s += ");  // " + std::string(ops::op_name(mb.op)) + "\n";
+        };
+        vec_name = [&](int v) -> std::string {
             if (v < static_cast<int>(nl)) {
                 if (!p.leaves[static_cast<std::size_t>(v)].varies) return "splat<T>(l" + std::to_string(v) + ")";
                 if (std::find(loaded.begin(), loaded.end(), v) == loaded.end()) {
@@ -428,8 +468,10 @@ inline std::string row_source(const RowProgram& p) {
             if (stage[m] == st) return "v" + std::to_string(m);
             if (std::find(loaded.begin(), loaded.end(), v) == loaded.end()) {
                 loaded.push_back(v);
-                s += "                const V<T> v" + std::to_string(m) + " = ld<Full, T>(buf.data() + " + std::to_string(buffer[m]) +
-                     " * inner + i, 1, n);\n";
+                if (remat[m]) emit_op(m);
+                else
+                    s += "                const V<T> v" + std::to_string(m) + " = ld<Full, T>(buf.data() + " + std::to_string(buffer[m]) +
+                         " * inner + i, 1, n);\n";
             }
             return "v" + std::to_string(m);
         };
@@ -443,20 +485,7 @@ inline std::string row_source(const RowProgram& p) {
             }
             if (!mb.vec || stage[m] != st) continue;
             const std::string ms = std::to_string(m);
-            // a row divided by one value (softmax's normalization): times its reciprocal, as the interpreter
-            if (mb.op == ops::op_id<ops::Div> && varies(mb.in[0]) && !varies(mb.in[1])) {
-                const std::string a = vec_name(mb.in[0]);
-                s += "                const V<T> v" + ms + " = op<Op<" + std::to_string(ops::op_id<ops::Mul>) + ">, T>(DType(" +
-                     std::to_string(static_cast<int>(mb.attr)) + "), " + a + ", splat<T>(T(1) / " + scalar_name(mb.in[1]) + "));  // div\n";
-            } else {
-                std::vector<std::string> args;
-                for (int k = 0; k < 3; ++k)
-                    if (mb.in[k] >= 0) args.push_back(vec_name(mb.in[k]));
-                s += "                const V<T> v" + ms + " = op<Op<" + std::to_string(mb.op) + ">, T>(DType(" +
-                     std::to_string(static_cast<int>(mb.attr)) + ")";
-                for (const auto& a : args) s += ", " + a;
-                s += ");  // " + std::string(ops::op_name(mb.op)) + "\n";
-            }
+            emit_op(m);
             if (buffer[m] >= 0) s += "                st<Full>(buf.data() + " + std::to_string(buffer[m]) + " * inner + i, 1, n, v" + ms + ");\n";
             for (std::size_t k = 0; k < p.outs.size(); ++k)
                 if (p.outs[k].member == static_cast<int>(m))
