@@ -1340,6 +1340,9 @@ int main(int argc, char** argv) {
             bench_models(b);
             bench_minilm(b);
             b.summary();
+            const kiln::CpuCodegenStats cs = kiln::cpu_codegen_stats();
+            std::printf("  CPU codegen: %zu kernels built (%.1f s), %zu loaded from disk, %zu matmul calls ran their epilogue inside the GEMM\n",
+                        cs.builds, cs.build_ms / 1000.0, cs.disk_hits, cs.matmul_epilogues);
         }
         if (opt.gpu) {
             // a fresh kernel cache, so first calls measure cold compiles (the user's cache is untouched)

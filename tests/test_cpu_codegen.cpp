@@ -3,6 +3,8 @@
 // eager; the disk cache (hits, corrupt and foreign entries rebuilt); async builds; no compiler.
 #include "test_util.hpp"
 
+#include "kiln/backends/cpu/gemm.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +12,8 @@
 #include <string>
 #include <functional>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 using kiln::DType;
 using kiln::Tensor;
@@ -45,6 +49,9 @@ void write(const std::filesystem::path& p, const std::string& s) {
     }
     std::filesystem::rename(tmp, p);
 }
+
+/// Its arguments (tensors or expressions) as a vector of tensors.
+template <class... X> std::vector<Tensor> tensors(const X&... t) { return std::vector<Tensor>{Tensor(t)...}; }
 
 struct ModeScope {
     kiln::CpuCodegen prev = kiln::cpu_codegen();
@@ -313,4 +320,73 @@ TEST_CASE("cpu codegen: row groups (softmax, masked softmax, log_softmax, layer_
                          << " read from disk");
     CHECK(after.build_failures == before.build_failures);
     CHECK(after.builds + after.disk_hits > before.builds + before.disk_hits);
+}
+
+TEST_CASE("cpu codegen: a matmul's elementwise epilogue runs inside kiln's GEMM, block by block, and matches eager") {
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    ModeScope mode(kiln::CpuCodegen::sync);
+    const int threads_before = kiln::num_threads();
+    kiln::manual_seed(21);
+    const bool gemm = kiln::detail::gemm::enabled;  // kiln's GEMM (AVX-512 builds); Eigen's has no hook
+    struct Case {
+        std::string name;
+        std::function<std::vector<Tensor>()> compiled, eager;
+        bool epilogue;  ///< whether the epilogue may run inside the GEMM
+    };
+    std::vector<Case> cases;
+    auto add = [&](std::string name, auto fn, std::vector<Tensor> in, bool epilogue) {
+        auto c = kiln::compile(fn);
+        constexpr bool two = std::is_invocable_v<decltype(fn)&, const Tensor&, const Tensor&>;
+        auto call = [in](auto& f) {
+            if constexpr (two) return f(in[0], in[1]);
+            else return f(in[0], in[1], in[2]);
+        };
+        cases.push_back({std::move(name), [c, call]() mutable { return call(c); }, [fn, call]() mutable { return call(fn); }, epilogue});
+    };
+    for (DType d : {DType::f32, DType::f64}) {
+        const std::string dn(kiln::dtype_name(d));
+        // edge tiles in every direction (37 rows, 45 columns), a bias row, gelu
+        add(dn + " gelu(x @ w + b)", [](const Tensor& x, const Tensor& w, const Tensor& b) { return tensors(kiln::gelu_tanh(kiln::matmul(x, w) + b)); },
+            {kiln::randn({37, 300}).to(d), kiln::randn({300, 45}).to(d), kiln::randn({45}).to(d)}, true);
+        // a batch folded into one product, a transposed weight
+        add(dn + " relu(x3 @ w.T + b)",
+            [](const Tensor& x, const Tensor& w, const Tensor& b) { return tensors(kiln::relu(kiln::matmul(x, w.transpose(0, 1)) + b)); },
+            {kiln::randn({2, 33, 64}).to(d), kiln::randn({50, 64}).to(d), kiln::randn({50}).to(d)}, true);
+    }
+    // batched operands on both sides
+    add("bmm * 2 - 1", [](const Tensor& a, const Tensor& c) { return tensors(kiln::matmul(a, c) * 2.0 - 1.0); },
+        {kiln::randn({3, 20, 30}), kiln::randn({3, 30, 17})}, true);
+    // the product is an output too, and read by the epilogue
+    add("mm and sigmoid(mm) * mm", [](const Tensor& a, const Tensor& b) {
+            const Tensor mm = kiln::matmul(a, b);
+            return tensors(mm, kiln::sigmoid(mm) * mm);
+        },
+        {kiln::randn({64, 96}), kiln::randn({96, 70})}, true);
+    // the epilogue reads the product transposed: (i, j) needs (j, i), not computed yet: refused
+    add("mm + mm.T", [](const Tensor& a, const Tensor& b) {
+            const Tensor mm = kiln::matmul(a, b);
+            return tensors(mm + mm.transpose(0, 1));
+        },
+        {kiln::randn({40, 40}), kiln::randn({40, 40})}, false);
+    // large enough to split over threads (blocks of rows and columns)
+    add("threaded tanh(x @ w + b)", [](const Tensor& x, const Tensor& w, const Tensor& b) { return tensors(kiln::tanh(kiln::matmul(x, w) + b)); },
+        {kiln::randn({256, 512}), kiln::randn({512, 384}) * 0.05, kiln::randn({384})}, true);
+    for (int threads : {1, 2, 3}) {
+        kiln::set_num_threads(threads);
+        for (Case& c : cases) {
+            CAPTURE(c.name);
+            CAPTURE(threads);
+            (void)c.compiled();  // builds the kernels (sync mode)
+            const std::size_t before = kiln::cpu_codegen_stats().matmul_epilogues;
+            const std::vector<Tensor> got = c.compiled(), want = c.eager();
+            const std::size_t ran = kiln::cpu_codegen_stats().matmul_epilogues - before;
+            CHECK(ran == (c.epilogue && gemm ? 1u : 0u));
+            REQUIRE(got.size() == want.size());
+            for (std::size_t k = 0; k < got.size(); ++k) {
+                const double tol = got[k].dtype() == DType::f64 ? 1e-12 : 1e-5;
+                CHECK(maxdiff(got[k], want[k]) <= tol);
+            }
+        }
+    }
+    kiln::set_num_threads(threads_before);
 }

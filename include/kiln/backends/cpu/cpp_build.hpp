@@ -26,6 +26,7 @@ struct CpuCodegenStats {
     std::size_t build_failures = 0; ///< compiler runs that failed (the group stays on the interpreter)
     std::size_t disk_rejected = 0;  ///< disk entries ignored as corrupt or foreign (then rebuilt)
     double build_ms = 0;            ///< wall time of those compiler runs
+    std::size_t matmul_epilogues = 0;  ///< matmul calls whose following elementwise group ran inside the GEMM
 };
 
 /// The mode: set_cpu_codegen's, else KILN_CPU_CODEGEN's, else async.
@@ -44,6 +45,9 @@ namespace detail::cppgen {
 /// for); nullptr while a background build runs, or where it cannot be built (then the caller runs
 /// the interpreter).
 KILN_DECL void* kernel_for(const std::string& source);
+
+/// Counts a matmul whose epilogue group ran inside the GEMM (backends/cpu/graph_exec.hpp).
+KILN_DECL void note_matmul_epilogue();
 
 /// Forgets the kernels this process found (after any queued build): the next ask of a source reads
 /// its disk entry again (tests of the disk cache).

@@ -443,6 +443,12 @@ KILN_DECL void cpu_codegen_wait() {
     e.done.wait(lock, [&] { return e.queue.empty() && e.active == 0; });
 }
 
+KILN_DECL void detail::cppgen::note_matmul_epilogue() {
+    auto& e = detail::cppgen::Engine::instance();
+    std::lock_guard lock(e.mu);
+    ++e.stats.matmul_epilogues;
+}
+
 KILN_DECL CpuCodegenStats cpu_codegen_stats() {
     auto& e = detail::cppgen::Engine::instance();
     std::lock_guard lock(e.mu);

@@ -180,8 +180,10 @@ template <class T, class StripB>
 /// of B is packed just before the block's tiles use it, so it is still in cache. B is packed once
 /// per block of A (measured on a Zen 5 core: about 30% of a 64-row product's time, mostly reading
 /// the weight from memory, and 8% of a 1024-row one's; the tiles alone run at 97% of the FMA peak).
-template <class T>
-void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, View<T> b, T* c, std::int64_t ldc) {
+/// `done(i0, i1)`, if given, is called once rows [i0, i1) of this C are final (after the last KC
+/// slice of their block of A), while they are still in cache: matmul epilogues run there.
+template <class T, class Done = std::nullptr_t>
+void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, View<T> b, T* c, std::int64_t ldc, const Done& done = nullptr) {
     using Bk = Blocking<T>;
     constexpr std::int64_t NR = Bk::NR, KC = Bk::KC, MC = Bk::MC;
     thread_local Scratch<T> a_buf, b_buf;
@@ -197,6 +199,8 @@ void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, View
                 pack_b(View<T>{&b.at(pc, jr), b.rs, b.cs}, kc, std::min(NR, n - jr), bp);
                 return static_cast<const T*>(bp);
             }, c + ic * ldc, ldc, accumulate);
+            if constexpr (!std::is_same_v<Done, std::nullptr_t>)
+                if (pc + kc >= k) done(ic, ic + mc);
         }
     }
 }
@@ -230,12 +234,15 @@ Split choose_split(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t 
 
 /// C[b] = A[b] @ B[b] for b in [0, batch): A[b] at a + b * a_batch_stride (likewise B), C[b]
 /// contiguous (m, n) at c + b * m * n, over kiln's threads (batches first, then blocks of C).
-template <class T>
+/// `done(row0, row1, col0, col1)`, if given, is called on the thread that computed them for each
+/// part of C that is final (rows counted across batches: row b * m + r), while it is in cache.
+template <class T, class Done = std::nullptr_t>
 void batched(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, std::int64_t a_bs, View<T> b, std::int64_t b_bs,
-             T* c) {
+             T* c, const Done& done = nullptr) {
     if (batch <= 0 || m <= 0 || n <= 0) return;
     if (k <= 0) {  // an empty sum
         std::fill(c, c + batch * m * n, T(0));
+        if constexpr (!std::is_same_v<Done, std::nullptr_t>) done(0, batch * m, 0, n);
         return;
     }
     const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
@@ -256,7 +263,13 @@ void batched(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
         if (r1 <= r0 || c1 <= c0) return;
         const View<T> ab{a.p + bi * a_bs + r0 * a.rs, a.rs, a.cs};
         const View<T> bb{b.p + bi * b_bs + c0 * b.cs, b.rs, b.cs};
-        gemm_serial(r1 - r0, c1 - c0, k, ab, bb, c + bi * m * n + r0 * n + c0, n);
+        T* const cb = c + bi * m * n + r0 * n + c0;
+        if constexpr (std::is_same_v<Done, std::nullptr_t>) {
+            gemm_serial(r1 - r0, c1 - c0, k, ab, bb, cb, n);
+        } else {
+            const std::int64_t row = bi * m + r0;
+            gemm_serial(r1 - r0, c1 - c0, k, ab, bb, cb, n, [&](std::int64_t i0, std::int64_t i1) { done(row + i0, row + i1, c0, c1); });
+        }
     };
     if (tasks == 1) {
         task(0);

@@ -2,7 +2,9 @@
 // row kernels for reductions with their producers and consumers, and Eigen for matmul.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -558,19 +560,26 @@ inline void run_generated(const TileProgram& p, cppgen::GroupFn fn) {
 /// An elementwise group: its members in one tile program writing each output's new tensor (the
 /// last output as the program's result, the others stored beside it tile by tile); through its
 /// generated C++ kernel once that is loaded (memo), else on the tile interpreter.
-inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, GroupKernels* memo = nullptr) {
+/// An elementwise group's tile program over its outputs' tensors (bound in vals, made where
+/// missing), not yet collapsed; false when it has nothing to compute.
+inline bool elementwise_program(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, TileProgram& p) {
     const int root = G.outputs.back();
     const ir::Node& n = g[root];
     Tensor out = output_tensor(vals, root, n.shape, n.dtype);
-    if (out.numel() == 0) return;
+    if (out.numel() == 0) return false;
     std::vector<int> value_of;
-    TileProgram p = tree_program(g, G.nodes, root, n.shape, vals, &value_of);
+    p = tree_program(g, G.nodes, root, n.shape, vals, &value_of);
     p.out = access_of(out, n.shape);
     for (std::size_t k = 0; k + 1 < G.outputs.size(); ++k) {
         const int o = G.outputs[k];
         const Tensor t = output_tensor(vals, o, g[o].shape, g[o].dtype);
         p.side.push_back({value_of[static_cast<std::size_t>(o)], access_of(t, n.shape)});
     }
+    return true;
+}
+
+/// Merges p's dims where every access allows (rank 1 at least).
+inline void collapse_program(TileProgram& p) {
     std::vector<Access*> all{&p.out};
     for (auto& a : p.leaves) all.push_back(&a);
     for (auto& sd : p.side) all.push_back(&sd.second);
@@ -579,20 +588,106 @@ inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std:
         p.space.shape = Shape{1};
         for (Access* a : all) a->strides = Strides{1};
     }
+}
+
+inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, GroupKernels* memo = nullptr) {
+    TileProgram p;
+    if (!elementwise_program(g, G, vals, p)) return;
+    collapse_program(p);
     if (memo)
         if (const cppgen::GroupFn fn = generated_kernel(p, *memo)) return run_generated(p, fn);
     run_program(p);
+}
+
+/// A matmul group's epilogue on the CPU: the elementwise group right after it in the plan, run by
+/// its generated kernel on each part of the product as soon as kiln's GEMM has finished it (on the
+/// same thread, while the part is in cache), instead of as its own pass over the whole product.
+/// Taken when that group has a loaded kernel, computes over the product's shape and reads the
+/// product only element for element (its (i, j) reads the product's (i, j)), and its outputs share
+/// no memory with the GEMM's operands or result; otherwise the group runs after the GEMM as usual.
+struct MatmulEpilogueRun {
+    const ir::Graph* g = nullptr;
+    const fuse::Group* G = nullptr;  ///< the elementwise group
+    std::vector<Tensor>* vals = nullptr;
+    GroupKernels* memo = nullptr;
+    int product = -1;               ///< the matmul's node
+    const Tensor* operands[2] = {};  ///< the GEMM's inputs
+    TileProgram p;
+    cppgen::GroupFn fn = nullptr;   ///< null: not taken
+    std::vector<void*> ptrs;
+    std::vector<std::int64_t> strides;
+    std::int64_t n = 0;
+
+    static bool same_memory(const Tensor& a, const Tensor& b) { return a.defined() && b.defined() && a.storage() == b.storage(); }
+
+    void prepare(const Tensor& c, std::int64_t cols) {
+        const ir::Node& pn = (*g)[product];
+        Tensor prod = c.view(pn.shape);
+        (*vals)[static_cast<std::size_t>(product)] = prod;
+        if (!elementwise_program(*g, *G, *vals, p)) return;
+        const char* const lo = static_cast<const char*>(prod.data_ptr());
+        const char* const hi = lo + prod.numel() * static_cast<std::int64_t>(dtype_size(prod.dtype()));
+        const Strides natural = contiguous_strides(pn.shape);
+        for (const Access& a : p.leaves) {
+            if (a.base < lo || a.base >= hi) continue;
+            // the product read element for element: (i, j) at (i, j); any other view of it (a
+            // transpose, a slice, a broadcast) would read parts not computed yet
+            if (a.base != lo || a.dtype != prod.dtype() || a.strides.rank() != natural.rank()) return;
+            for (int d = 0; d < natural.rank(); ++d)
+                if (pn.shape[d] > 1 && a.strides[d] != natural[d]) return;
+        }
+        for (const int o : G->outputs) {
+            const Tensor& t = (*vals)[static_cast<std::size_t>(o)];
+            if (same_memory(t, prod) || same_memory(t, *operands[0]) || same_memory(t, *operands[1])) return;
+        }
+        collapse_program(p);
+        fn = generated_kernel(p, *memo);
+        if (!fn) return;
+        const int R = p.space.shape.rank();
+        for (const Access* a : p.accesses()) {
+            ptrs.push_back(a->base);
+            for (int d = 0; d < R; ++d) strides.push_back(a->strides[d]);
+        }
+        n = cols;
+    }
+    void rows(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) const {
+        if (!fn) return;
+        for (std::int64_t r = r0; r < r1; ++r)
+            fn(ptrs.data(), p.space.shape.begin(), strides.data(), p.scalars.data(), r * n + c0, r * n + c1);
+    }
+};
+
+/// Whether matmul epilogues run inside the GEMM: yes, unless KILN_CPU_MATMUL_EPILOGUE=0 (to
+/// measure them, or to rule them out).
+inline bool cpu_matmul_epilogues_on() {
+    static const bool on = [] {
+        const char* v = std::getenv("KILN_CPU_MATMUL_EPILOGUE");
+        return !(v && std::string(v) == "0");
+    }();
+    return on;
+}
+
+/// Whether plan group `e` can be the epilogue of matmul group `m`: elementwise, over the product's
+/// shape, reading the product (the rest is checked on the bound tensors: MatmulEpilogueRun).
+inline bool epilogue_candidate(const ir::Graph& g, const fuse::Group& m, const fuse::Group& e) {
+    if (m.kind != fuse::Group::Kind::matmul || e.kind != fuse::Group::Kind::elementwise) return false;
+    const int product = m.outputs[0];
+    if (std::find(e.leaves.begin(), e.leaves.end(), product) == e.leaves.end()) return false;
+    return g[e.outputs.back()].shape == g[product].shape;
 }
 
 /// The CPU's steps for the executor (fuse/execute.hpp): the tile interpreter, row and reduce
 /// kernels, Eigen for matmul; writes go into the planned buffers bound in vals.
 class CpuSteps final : public fuse::Steps {
 public:
-    /// kernels: one memo per plan group (generated C++), or nullptr for the interpreter alone.
-    explicit CpuSteps(const ir::Graph& g, std::vector<GroupKernels>* kernels = nullptr) : g_(g), kernels_(kernels) {}
+    /// kernels: one memo per plan group (generated C++), or nullptr for the interpreter alone;
+    /// plan: the groups (for matmul epilogues), or nullptr.
+    explicit CpuSteps(const ir::Graph& g, std::vector<GroupKernels>* kernels = nullptr, const fuse::Plan* plan = nullptr)
+        : g_(g), kernels_(kernels), plan_(plan) {}
     void kernel(std::size_t k, const fuse::Group& G, std::vector<Tensor>& vals) override {
         switch (G.kind) {
             case fuse::Group::Kind::elementwise:
+                if (k == epilogue_done_) break;  // ran inside the matmul before it
                 run_elementwise_group(g_, G, vals, kernels_ && k < kernels_->size() ? &(*kernels_)[k] : nullptr);
                 break;
             case fuse::Group::Kind::row:
@@ -601,8 +696,34 @@ public:
             case fuse::Group::Kind::reduce: run_reduce_group(g_, G, vals); break;
             case fuse::Group::Kind::matmul: {
                 const ir::Node& n = g_[G.outputs[0]];
-                vals[static_cast<std::size_t>(G.outputs[0])] =
-                    cpu_matmul(vals[static_cast<std::size_t>(n.in[0])], vals[static_cast<std::size_t>(n.in[1])]);
+                const Tensor& a = vals[static_cast<std::size_t>(n.in[0])];
+                const Tensor& b = vals[static_cast<std::size_t>(n.in[1])];
+                const std::size_t e = k + 1;
+                if (plan_ && kernels_ && e < plan_->groups.size() && e < kernels_->size() && cpu_codegen() != CpuCodegen::off && cpu_matmul_epilogues_on() &&
+                    epilogue_candidate(g_, G, plan_->groups[e])) {
+                    MatmulEpilogueRun run;
+                    run.g = &g_;
+                    run.G = &plan_->groups[e];
+                    run.vals = &vals;
+                    run.memo = &(*kernels_)[e];
+                    run.product = G.outputs[0];
+                    run.operands[0] = &a;
+                    run.operands[1] = &b;
+                    MatmulEpilogue hooks;
+                    hooks.ctx = &run;
+                    hooks.prepare = [](void* x, const Tensor& c, std::int64_t cols) { static_cast<MatmulEpilogueRun*>(x)->prepare(c, cols); };
+                    hooks.rows = [](void* x, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+                        static_cast<const MatmulEpilogueRun*>(x)->rows(r0, r1, c0, c1);
+                    };
+                    const Tensor c = cpu_matmul(a, b, &hooks);
+                    vals[static_cast<std::size_t>(G.outputs[0])] = c;
+                    if (hooks.ran && run.fn) {
+                        epilogue_done_ = e;
+                        cppgen::note_matmul_epilogue();
+                    }
+                    break;
+                }
+                vals[static_cast<std::size_t>(G.outputs[0])] = cpu_matmul(a, b);
                 break;
             }
             default: throw InternalError("kiln: the CPU executor got a non-kernel step as a kernel");
@@ -617,6 +738,8 @@ public:
 private:
     const ir::Graph& g_;
     std::vector<GroupKernels>* kernels_;
+    const fuse::Plan* plan_;
+    std::size_t epilogue_done_ = static_cast<std::size_t>(-1);  ///< the group a matmul ran as its epilogue
 };
 
 /// A compiled graph on the CPU: the fused plan, run by the executor over CpuSteps.
@@ -649,7 +772,7 @@ public:
         for (std::size_t k = 0; k < g_.inputs.size(); ++k) vals[static_cast<std::size_t>(g_.inputs[k])] = inputs[k];
         for (int i = 0; i < g_.size(); ++i)
             if (g_[i].kind == ir::Kind::constant) vals[static_cast<std::size_t>(i)] = g_[i].tensor;
-        CpuSteps steps(g_, &kernels_);
+        CpuSteps steps(g_, &kernels_, &plan_);
         return fuse::execute(g_, plan_, memory_, vals, steps);
     }
 

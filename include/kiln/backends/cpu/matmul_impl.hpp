@@ -86,7 +86,7 @@ inline Tensor as_shape(const Tensor& t, const Shape& shape) {
 /// a @ b on the CPU with torch.matmul's rules, for operands already validated (kiln::matmul, or a
 /// traced graph): kiln's GEMM on AVX-512 (Eigen's otherwise, and for integers) over kiln's threads;
 /// f16/bf16 compute in f32.
-KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
+KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in, MatmulEpilogue* epilogue) {
     if (a_in.rank() >= 3 && b_in.rank() == 2) {
         // (..., m, k) @ (k, n) is one (rows, k) @ (k, n) product, as torch folds it: B is packed
         // once per block of rows instead of once per batch (A copied first when its rows do not
@@ -95,7 +95,7 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
         for (int d = 0; d + 1 < a_in.rank(); ++d) rows *= a_in.size(d);
         Shape out = a_in.shape();
         out[out.rank() - 1] = b_in.size(1);
-        return cpu_matmul(as_shape(a_in, Shape{rows, a_in.size(-1)}), b_in).view(out);
+        return cpu_matmul(as_shape(a_in, Shape{rows, a_in.size(-1)}), b_in, epilogue).view(out);
     }
     const DType dt = promote_types(a_in.dtype(), b_in.dtype());
     Tensor a = a_in.rank() == 1 ? a_in.unsqueeze(0) : a_in;
@@ -131,7 +131,17 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in) {
                 if constexpr (gemm::enabled && std::is_floating_point_v<T>) {
                     const gemm::View<T> av{static_cast<const T*>(a3.data_ptr()), a3.stride(1), a3.stride(2)};
                     const gemm::View<T> bv{static_cast<const T*>(b3.data_ptr()), b3.stride(1), b3.stride(2)};
-                    gemm::batched<T>(nb, m, n, k, av, a3.stride(0), bv, b3.stride(0), static_cast<T*>(c3.data_ptr()));
+                    T* const cp = static_cast<T*>(c3.data_ptr());
+                    if (epilogue && dt == ct) {  // the hooks see the result itself, not a converted copy
+                        epilogue->prepare(epilogue->ctx, c3, n);
+                        gemm::batched<T>(nb, m, n, k, av, a3.stride(0), bv, b3.stride(0), cp,
+                                         [epilogue](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+                                             epilogue->rows(epilogue->ctx, r0, r1, c0, c1);
+                                         });
+                        epilogue->ran = true;
+                    } else {
+                        gemm::batched<T>(nb, m, n, k, av, a3.stride(0), bv, b3.stride(0), cp);
+                    }
                 } else {
                     batched_gemm<T>(a3, b3, c3);
                 }
