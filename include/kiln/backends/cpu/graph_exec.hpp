@@ -541,20 +541,32 @@ inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo
     return reinterpret_cast<cppgen::GroupFn>(memo.get(layout, [&] { return cppgen::group_source(p); }));
 }
 
-/// Runs a collapsed program through its generated kernel, threaded over tile-aligned runs.
-inline void run_generated(const TileProgram& p, cppgen::GroupFn fn) {
+/// A collapsed program's arguments for its generated kernel (cppgen::GroupFn): each access's base
+/// and strides; calls the kernel on elements [begin, end) of the program's space.
+struct GeneratedCall {
+    const TileProgram* p = nullptr;
+    cppgen::GroupFn fn = nullptr;
     std::vector<void*> ptrs;
     std::vector<std::int64_t> strides;
-    const int R = p.space.shape.rank();
-    for (const Access* a : p.accesses()) {
-        ptrs.push_back(a->base);
-        for (int d = 0; d < R; ++d) strides.push_back(a->strides[d]);
+
+    GeneratedCall() = default;
+    GeneratedCall(const TileProgram& prog, cppgen::GroupFn f) : p(&prog), fn(f) {
+        const int R = prog.space.shape.rank();
+        for (const Access* a : prog.accesses()) {
+            ptrs.push_back(a->base);
+            for (int d = 0; d < R; ++d) strides.push_back(a->strides[d]);
+        }
     }
-    const std::int64_t* shape = p.space.shape.begin();
+    void operator()(std::int64_t begin, std::int64_t end) const {
+        fn(ptrs.data(), p->space.shape.begin(), strides.data(), p->scalars.data(), begin, end);
+    }
+};
+
+/// Runs a collapsed program through its generated kernel, threaded over tile-aligned runs.
+inline void run_generated(const TileProgram& p, cppgen::GroupFn fn) {
+    const GeneratedCall call(p, fn);
     const std::int64_t n = p.space.numel(), tiles = (n + tile_elems - 1) / tile_elems;
-    parallel_for(tiles, parallel_grain / tile_elems, [&](std::int64_t tb, std::int64_t te) {
-        fn(ptrs.data(), shape, strides.data(), p.scalars.data(), tb * tile_elems, std::min(n, te * tile_elems));
-    });
+    parallel_for(tiles, parallel_grain / tile_elems, [&](std::int64_t tb, std::int64_t te) { call(tb * tile_elems, std::min(n, te * tile_elems)); });
 }
 
 /// An elementwise group: its members in one tile program writing each output's new tensor (the
@@ -613,9 +625,7 @@ struct MatmulEpilogueRun {
     int product = -1;               ///< the matmul's node
     const Tensor* operands[2] = {};  ///< the GEMM's inputs
     TileProgram p;
-    cppgen::GroupFn fn = nullptr;   ///< null: not taken
-    std::vector<void*> ptrs;
-    std::vector<std::int64_t> strides;
+    GeneratedCall call;  ///< its kernel (fn null: not taken)
     std::int64_t n = 0;
 
     static bool same_memory(const Tensor& a, const Tensor& b) { return a.defined() && b.defined() && a.storage() == b.storage(); }
@@ -641,19 +651,15 @@ struct MatmulEpilogueRun {
             if (same_memory(t, prod) || same_memory(t, *operands[0]) || same_memory(t, *operands[1])) return;
         }
         collapse_program(p);
-        fn = generated_kernel(p, *memo);
-        if (!fn) return;
-        const int R = p.space.shape.rank();
-        for (const Access* a : p.accesses()) {
-            ptrs.push_back(a->base);
-            for (int d = 0; d < R; ++d) strides.push_back(a->strides[d]);
+        if (const cppgen::GroupFn fn = generated_kernel(p, *memo)) {
+            call = GeneratedCall(p, fn);
+            n = cols;
         }
-        n = cols;
     }
+    bool taken() const { return call.fn != nullptr; }
     void rows(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) const {
-        if (!fn) return;
-        for (std::int64_t r = r0; r < r1; ++r)
-            fn(ptrs.data(), p.space.shape.begin(), strides.data(), p.scalars.data(), r * n + c0, r * n + c1);
+        if (!taken()) return;
+        for (std::int64_t r = r0; r < r1; ++r) call(r * n + c0, r * n + c1);
     }
 };
 
@@ -717,7 +723,7 @@ public:
                     };
                     const Tensor c = cpu_matmul(a, b, &hooks);
                     vals[static_cast<std::size_t>(G.outputs[0])] = c;
-                    if (hooks.ran && run.fn) {
+                    if (hooks.ran && run.taken()) {
                         epilogue_done_ = e;
                         cppgen::note_matmul_epilogue();
                     }
