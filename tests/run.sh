@@ -73,6 +73,8 @@ if [ "$QUICK" = 1 ]; then
   stage_begin "2/2: build + ctest: unit tests (Release, no sanitizers: --quick)"
   mapfile -t UNIT_TARGETS < <(ls tests/test_*.cpp | sed -n 's|tests/test_\(.*\)[.]cpp|kiln_test_\1|p' | grep -v '^kiln_test_cuda_')
   if cmake --build "$B" --target help | grep -q '^kiln_onnx_node_tests:'; then UNIT_TARGETS+=(kiln_onnx_node_tests); fi
+  # the SIMD math test built again for AVX2 (x86 only: tests/CMakeLists.txt)
+  if cmake --build "$B" --target help | grep -q '^kiln_test_simd_math_avx2:'; then UNIT_TARGETS+=(kiln_test_simd_math_avx2); fi
   cmake --build "$B" -j"$JOBS" --target "${UNIT_TARGETS[@]}"
   run_ctest "$B" -L '^unit$'
   SKIPPED=$((SKIPPED + $(grep -hoE '[|] *[0-9]+ skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')))
@@ -97,6 +99,8 @@ else
   mapfile -t UNIT_TARGETS < <(ls tests/test_*.cpp | sed -n 's|tests/test_\(.*\)[.]cpp|kiln_test_\1|p' | grep -v '^kiln_test_cuda_')
   # the ONNX node tests' runner (built with ONNX only; ctest onnx.node_tests)
   if cmake --build "$B" --target help | grep -q '^kiln_onnx_node_tests:'; then UNIT_TARGETS+=(kiln_onnx_node_tests); fi
+  # the SIMD math test built again for AVX2 (x86 only: tests/CMakeLists.txt)
+  if cmake --build "$B" --target help | grep -q '^kiln_test_simd_math_avx2:'; then UNIT_TARGETS+=(kiln_test_simd_math_avx2); fi
   cmake --build "$B" -j"$JOBS" --target "${UNIT_TARGETS[@]}"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_ctest "$B" -L '^unit$'
   SKIPPED=$((SKIPPED + $(grep -hoE '[|] *[0-9]+ skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')))
