@@ -569,9 +569,6 @@ inline void run_generated(const TileProgram& p, cppgen::GroupFn fn) {
     parallel_for(tiles, parallel_grain / tile_elems, [&](std::int64_t tb, std::int64_t te) { call(tb * tile_elems, std::min(n, te * tile_elems)); });
 }
 
-/// An elementwise group: its members in one tile program writing each output's new tensor (the
-/// last output as the program's result, the others stored beside it tile by tile); through its
-/// generated C++ kernel once that is loaded (memo), else on the tile interpreter.
 /// An elementwise group's tile program over its outputs' tensors (bound in vals, made where
 /// missing), not yet collapsed; false when it has nothing to compute.
 inline bool elementwise_program(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, TileProgram& p) {
@@ -602,6 +599,9 @@ inline void collapse_program(TileProgram& p) {
     }
 }
 
+/// An elementwise group: its members in one tile program writing each output's new tensor (the
+/// last output as the program's result, the others stored beside it tile by tile); through its
+/// generated C++ kernel once that is loaded (memo), else on the tile interpreter.
 inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, GroupKernels* memo = nullptr) {
     TileProgram p;
     if (!elementwise_program(g, G, vals, p)) return;
