@@ -308,10 +308,10 @@ inline constexpr std::int64_t row_tile_elems = 2048;
 /// row_tile_elems into one vector of the table entry's accumulator type (double for float sums),
 /// whose lanes are combined once per row. A row value of a cheap op (add, sub, mul, neg, abs of
 /// leaves and row scalars: layer_norm's x - mean) that a later pass reads is computed again there
-/// from L1 instead of going through a row buffer (a store and a load saved). Measured on a 4096 x 1024 softmax (Zen 5, one thread,
-/// 2026-11-27): 1.8-2.1 ms against 2.9-3.1 ms with one chain and a lane reduction per 256-element
-/// tile; a 2048-element tile then took 1.83-1.99 ms against 1.93-2.15 with 256; the hand-written
-/// xsimd loop (bench/hand_cpu.hpp) took 1.60-1.68 ms.
+/// from L1 instead of going through a row buffer (a store and a load saved). Measured on a
+/// 4096 x 1024 softmax (Zen 5, one thread, 2026-11-27): 1.8-2.1 ms against 2.9-3.1 ms with one
+/// chain and a lane reduction per 256-element tile; a 2048-element tile then took 1.83-1.99 ms
+/// against 1.93-2.15 with 256; the hand-written xsimd loop (bench/hand_cpu.hpp) took 1.60-1.68 ms.
 inline std::string row_source(const RowProgram& p) {
     const std::size_t nl = p.leaves.size(), ns = p.scalars, nm = p.members.size();
     const int O = p.outer_rank;
