@@ -562,10 +562,11 @@ template <Trig F> inline Batch<float> xsimd_trig(const Batch<float>& x) {
 }
 
 /// sin, cos or tan of a float batch. xsimd 8.1 reduces |x| <= 64 pi in vector code but sends a
-/// whole batch lane by lane through a double Payne-Hanek routine once one lane is larger, infinite
-/// or NaN: ~80 ns an element, 130-200x its vector speed (kiln_simd_probe), for arguments as common
-/// as sinusoidal position encodings (positions in the thousands). Here infinities and NaN become
-/// NaN without it, and |x| up to 2^19 pi/2 is reduced in double, vectorized: x - k pi/2 with pi/2
+/// whole batch lane by lane through a double reduction routine once one lane is larger, infinite
+/// or NaN (kiln_simd_probe on Zen 5: 7-12x its vector time for |x| in [300, 8e5], arguments as
+/// common as sinusoidal position encodings' positions; 4-6x for inf and NaN; 100-200x past 1e6,
+/// where it runs Payne-Hanek). Here infinities and NaN become NaN without it (about 1x), and |x|
+/// up to 2^19 pi/2 is reduced in double, vectorized (2-4.7x): x - k pi/2 with pi/2
 /// in three parts (the first two of 33 bits, so k * part is exact for k < 2^20), then xsimd's
 /// kernels on the reduced float r in [-pi/4, pi/4] and the quadrant k mod 4 picks the result.
 /// Larger arguments keep xsimd's exact reduction.
@@ -615,19 +616,19 @@ template <Trig F> inline Batch<float> trig_f32(const Batch<float>& x) {
 
 }  // namespace impl
 
-/// sin. max 2.5 ULP (checked to |x| = 1e5 and at 1e30); float batches at vector speed to |x| = 8e5.
+/// sin. max 2.5 ULP (checked to |x| = 8e5 and at 1e30); float batches vectorized to |x| = 8e5.
 template <real_value V> V sin(V x) {
     if constexpr (std::is_same_v<V, Batch<float>>) return impl::trig_f32<impl::Trig::sin>(x);
     else if constexpr (is_batch_v<V>) return xsimd::sin(x);
     else return std::sin(x);
 }
-/// cos. max 2.5 ULP (checked to |x| = 1e5 and at 1e30); float batches at vector speed to |x| = 8e5.
+/// cos. max 2.5 ULP (checked to |x| = 8e5 and at 1e30); float batches vectorized to |x| = 8e5.
 template <real_value V> V cos(V x) {
     if constexpr (std::is_same_v<V, Batch<float>>) return impl::trig_f32<impl::Trig::cos>(x);
     else if constexpr (is_batch_v<V>) return xsimd::cos(x);
     else return std::cos(x);
 }
-/// tan. max 3.5 ULP (checked to |x| = 1e5 and at 1e30); float batches at vector speed to |x| = 8e5.
+/// tan. max 3.5 ULP (checked to |x| = 8e5 and at 1e30); float batches vectorized to |x| = 8e5.
 template <real_value V> V tan(V x) {
     if constexpr (std::is_same_v<V, Batch<float>>) return impl::trig_f32<impl::Trig::tan>(x);
     else if constexpr (is_batch_v<V>) return xsimd::tan(x);
