@@ -86,6 +86,9 @@ std::string cpu_model() {
     return "unknown CPU";
 }
 
+/// The CPU workloads the summary reports on (a line only where their rows ran).
+const char* const cpu_workloads[] = {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes", "sincos_scalar"};
+
 std::string fixed2(double v) {
     char b[32];
     std::snprintf(b, sizeof b, "%.2f", v);
@@ -271,7 +274,7 @@ public:
 
     void summary() const {
         std::printf("\nsummary\n");
-        for (const char* w : {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes", "sincos_scalar"}) {
+        for (const char* w : cpu_workloads) {
             for (int t : thread_counts()) {
                 const double e = median_us(w, "eager", t), f = median_us(w, "fused", t), c = median_us(w, "compiled", t);
                 if (e > 0 && f > 0) std::printf("  %-13s %d thr: fused %.2fx faster than eager", w, t, e / f);
@@ -279,7 +282,7 @@ public:
                 if (e > 0 && f > 0) std::printf("\n");
             }
         }
-        for (const char* w : {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm"})
+        for (const char* w : cpu_workloads)  // those with hand-written anchors
             for (int t : thread_counts()) {
                 const double h = median_us(w, "hand", t), f = median_us(w, "fused", t), c = median_us(w, "compiled", t);
                 if (h > 0 && f > 0 && c > 0)
@@ -287,7 +290,7 @@ public:
             }
         const auto tc = thread_counts();
         if (tc.size() > 1)  // scaling of every CPU row that ran at both thread counts
-            for (const char* w : {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes"}) {
+            for (const char* w : cpu_workloads) {
                 std::string line;
                 for (const char* m : {"eager", "fused", "compiled", "hand"}) {
                     const double one = median_us(w, m, 1), all = median_us(w, m, tc.back());

@@ -723,7 +723,7 @@ public:
                     };
                     const Tensor c = cpu_matmul(a, b, &hooks);
                     vals[static_cast<std::size_t>(G.outputs[0])] = c;
-                    if (hooks.ran && run.taken()) {
+                    if (run.taken()) {  // prepare ran (so did the GEMM's rows) and found the group's kernel
                         epilogue_done_ = e;
                         cppgen::note_matmul_epilogue();
                     }

@@ -17,12 +17,12 @@ namespace kiln::detail {
 /// the result's order, though perhaps with its batch dims merged; n: its columns), then
 /// `rows(ctx, row0, row1, col0, col1)` for each part that is final, on the thread that computed it,
 /// while it is in cache (row r of the product flattened over its batch dims: elements
-/// [r * n + col0, r * n + col1) of the result), and sets `ran`. Otherwise it calls neither.
+/// [r * n + col0, r * n + col1) of the result). Otherwise it calls neither: a caller whose
+/// `prepare` ran knows every part went through `rows`.
 struct MatmulEpilogue {
     void (*prepare)(void* ctx, const Tensor& c, std::int64_t n) = nullptr;
     void (*rows)(void* ctx, std::int64_t row0, std::int64_t row1, std::int64_t col0, std::int64_t col1) = nullptr;
     void* ctx = nullptr;
-    bool ran = false;
 };
 
 /// a @ b on the CPU with torch.matmul's rules, for operands already validated (kiln::matmul, or a

@@ -138,7 +138,6 @@ KILN_DECL Tensor cpu_matmul(const Tensor& a_in, const Tensor& b_in, MatmulEpilog
                                          [epilogue](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
                                              epilogue->rows(epilogue->ctx, r0, r1, c0, c1);
                                          });
-                        epilogue->ran = true;
                     } else {
                         gemm::batched<T>(nb, m, n, k, av, a3.stride(0), bv, b3.stride(0), cp);
                     }
