@@ -18,13 +18,29 @@
 #include "kiln/export/program.hpp"
 #include "kiln/ir/library_ops.hpp"
 #include "kiln/ir/verify.hpp"
+#include "kiln/nn/conv.hpp"
 #include "kiln/nn/io.hpp"
+#include "kiln/ops/shape_ops.hpp"
 #include "kiln/version.hpp"
 
 namespace kiln {
 namespace detail::program_file {
 
 inline constexpr int format_version = 1;
+
+/// The library ops kiln defines, registered once before a file's calls are looked up. They are
+/// registered here, not at static initialization in their headers: a registration there compiles
+/// each op's kernels into every translation unit that includes the header.
+inline void register_builtin_library_ops() {
+    static const bool done = [] {
+        kiln::detail::register_index_ops();
+        nn::detail::register_conv2d();
+        nn::detail::register_max_pool2d();
+        nn::detail::register_embedding();
+        return true;
+    }();
+    (void)done;
+}
 inline constexpr const char* format_name = "kiln.program";
 
 /// A double as C99 hex-float text: exact, and it spells inf and nan.
@@ -365,9 +381,10 @@ public:
                     const J* attrs = field(j, "attrs", J::Kind::object, where);
                     ir::CallAttrs a;
                     for (std::size_t k = 0; k < attrs->keys.size(); ++k) a.emplace_back(attrs->keys[k], number(*attrs, attrs->keys[k], where + "'s attrs"));
+                    register_builtin_library_ops();
                     const ir::LibraryOpFactory make = ir::find_library_op(name);
                     if (!make)
-                        bad(where + " calls library op \"" + name + "\", which this program does not know (its header registers it: include <kiln/nn.hpp>)");
+                        bad(where + " calls library op \"" + name + "\", which this program does not know (a user-defined op is registered with ir::register_library_op before loading)");
                     try {
                         n.call = make(a);
                     } catch (const Error& e) {

@@ -27,13 +27,16 @@ struct LibraryOps {
     std::map<std::string, LibraryOpFactory> by_name;
 };
 inline LibraryOps& library_ops() {
-    static LibraryOps* r = new LibraryOps;  // never destroyed: registrations run during static init, lookups at exit
+    static LibraryOps* r = new LibraryOps;  // never destroyed: registrations may run during static init, lookups at exit
     return *r;
 }
 }  // namespace detail
 
-/// Registers the factory of the library op `name` (the CallOp::name its ops carry). Returns true,
-/// so that a header can register at static initialization: `inline const bool r = register_library_op(...)`.
+/// Registers the factory of the library op `name` (the CallOp::name its ops carry), for loading
+/// program files that call it. Returns true, so that a user's source file can register at static
+/// initialization (`static const bool r = register_library_op(...)`); kiln's own ops are registered
+/// by the loader (export/program_file.hpp), not by their headers, whose registrations would compile
+/// the ops' kernels into every translation unit.
 inline bool register_library_op(const std::string& name, LibraryOpFactory make) {
     auto& r = detail::library_ops();
     std::lock_guard lock(r.mu);

@@ -433,11 +433,15 @@ inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias,
     op->attrs.insert(op->attrs.end(), {{"act", static_cast<double>(act)}, {"bias", has_bias ? 1.0 : 0.0}, {"residual", has_res ? 1.0 : 0.0}});
     return op;
 }
-inline const bool conv2d_registered = ir::register_library_op("conv2d", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
-    const auto act = static_cast<Act>(ir::int_attr(a, "conv2d", "act", 0, static_cast<std::int64_t>(act_table.size()) - 1));
-    return conv2d_op(window_of(a, "conv2d"), act, ir::int_attr(a, "conv2d", "bias", 0, 1) != 0, ir::int_attr(a, "conv2d", "residual", 0, 1) != 0,
-                     Loc::current());
-});
+/// Registers conv2d's library-op factory (called by export/program_file.hpp; see
+/// register_index_ops for why not at static initialization).
+inline void register_conv2d() {
+    ir::register_library_op("conv2d", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
+        const auto act = static_cast<Act>(ir::int_attr(a, "conv2d", "act", 0, static_cast<std::int64_t>(act_table.size()) - 1));
+        return conv2d_op(window_of(a, "conv2d"), act, ir::int_attr(a, "conv2d", "bias", 0, 1) != 0,
+                         ir::int_attr(a, "conv2d", "residual", 0, 1) != 0, Loc::current());
+    });
+}
 
 /// conv2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, OC): the GEMM's rows as they
 /// are, so the elementwise work after it reads and writes contiguous memory.
@@ -494,9 +498,12 @@ inline std::shared_ptr<ir::CallOp> max_pool2d_op(const Window& win, const Loc& l
     op->attrs = window_attrs(win);
     return op;
 }
-inline const bool max_pool2d_registered = ir::register_library_op("max_pool2d", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
-    return max_pool2d_op(window_of(a, "max_pool2d"), Loc::current());
-});
+/// Registers max_pool2d's library-op factory (called by export/program_file.hpp).
+inline void register_max_pool2d() {
+    ir::register_library_op("max_pool2d", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
+        return max_pool2d_op(window_of(a, "max_pool2d"), Loc::current());
+    });
+}
 
 /// max_pool2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, C).
 inline Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {

@@ -18,9 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/backends/cuda/gather.hpp"
-#include "kiln/backends/cuda/matmul.hpp"
-#include "kiln/backends/cuda/rng.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/factories.hpp"
 #include "kiln/core/tensor.hpp"
@@ -30,7 +27,6 @@
 #include "kiln/ops/nn.hpp"
 #include "kiln/ops/reductions.hpp"
 #include "kiln/ops/shape_ops.hpp"
-#include "kiln/trace/tracer.hpp"
 
 namespace kiln::nn {
 
@@ -91,42 +87,21 @@ template <Module M> M& eval(M& m) { return train(m, false); }
 namespace detail {
 
 /// torch's default Linear/Embedding init bounds: uniform(-bound, bound), on the CPU's generator.
-inline Tensor uniform(const Shape& s, double bound, const Init& o) {
-    return Tensor((rand(s) * 2.0 - 1.0) * bound).to(o.dtype).to(o.device);
-}
+KILN_DECL Tensor uniform(const Shape& s, double bound, const Init& o);
 
 /// act(y + b) (b broadcast against y) as one expression statement.
-inline Tensor add_act(const Tensor& y, const Tensor& b, Act act, const Loc& loc) { return apply_act(act, y + b, loc); }
+KILN_DECL Tensor add_act(const Tensor& y, const Tensor& b, Act act, const Loc& loc);
 
 /// act(x @ w^T + b) as an expression statement (the CPU, and every traced call: the fuser hands
 /// bias and activation to cuBLASLt where it can).
-inline Tensor linear_expr(const Tensor& x, const Tensor& w, const Tensor& b, Act act, const Loc& loc) {
-    const Tensor y = kiln::matmul(x, w.t(), loc);
-    return b.defined() ? add_act(y, b, act, loc) : apply_act(act, y, loc);
-}
+KILN_DECL Tensor linear_expr(const Tensor& x, const Tensor& w, const Tensor& b, Act act, const Loc& loc);
 
 }  // namespace detail
 
 /// act(x @ weight^T + bias), weight (out, in) as torch lays it out. On a CUDA device outside
 /// kiln::compile this is one cuBLASLt call with the bias and activation as its epilogue.
-inline Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Act act = Act::none,
-                     Loc loc = Loc::current()) {
-    if (weight.rank() != 2)
-        kiln::detail::fail<ShapeError>("linear", "weight must be 2-D (out, in), got " + weight.shape().str(), loc);
-    if (x.rank() == 0 || x.size(-1) != weight.size(1))
-        kiln::detail::fail<ShapeError>("linear", "input of shape " + x.shape().str() + " does not end in in_features = " +
-                                                     std::to_string(weight.size(1)) + " (weight " + weight.shape().str() + ")", loc);
-    if (bias.defined() && (bias.rank() != 1 || bias.size(0) != weight.size(0)))
-        kiln::detail::fail<ShapeError>("linear", "bias of shape " + bias.shape().str() + " does not match out_features = " +
-                                                     std::to_string(weight.size(0)), loc);
-    const bool traced = trace::recorded(x) || trace::recorded(weight) || trace::recorded(bias);
-    // an activation without a cuBLASLt epilogue (exact gelu) is a GEMM and one fused kernel
-    const bool recorded = autograd::detail::grad_mode() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
-    if (!traced && !recorded && act_info(act).gemm_epilogue && x.device().is_cuda() && x.rank() >= 2 && x.dtype() == weight.dtype() &&
-        (!bias.defined() || bias.dtype() == weight.dtype()))
-        return cuda::matmul(x, weight.t(), cuda::Epilogue{act, bias.defined()}, bias.defined() ? &bias : nullptr, loc);
-    return detail::linear_expr(x, weight, bias, act, loc);
-}
+KILN_DECL Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Act act = Act::none,
+                       Loc loc = Loc::current());
 
 /// y = act(x W^T + b).
 struct Linear {
@@ -135,12 +110,7 @@ struct Linear {
     Act act = Act::none;
 
     Linear() = default;
-    Linear(std::int64_t in_features, std::int64_t out_features, bool with_bias = true, Act activation = Act::none, Init o = {})
-        : act(activation) {
-        const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
-        weight = detail::uniform({out_features, in_features}, bound, o);
-        if (with_bias) bias = detail::uniform({out_features}, bound, o);
-    }
+    Linear(std::int64_t in_features, std::int64_t out_features, bool with_bias = true, Act activation = Act::none, Init o = {});
     Tensor operator()(const Tensor& x, Loc loc = Loc::current()) const { return linear(x, weight, bias, act, loc); }
     template <class F> void visit(const std::string& prefix, F&& f) {
         f(prefix + "weight", weight);
@@ -154,10 +124,7 @@ struct LayerNorm {
     double eps = 1e-5;
 
     LayerNorm() = default;
-    explicit LayerNorm(std::int64_t features, double epsilon = 1e-5, Init o = {}) : eps(epsilon) {
-        weight = ones({features}, o.dtype, o.device);
-        bias = zeros({features}, o.dtype, o.device);
-    }
+    explicit LayerNorm(std::int64_t features, double epsilon = 1e-5, Init o = {});
     /// The norm of any expression (x + residual is one kernel with the norm).
     template <class X> Tensor operator()(const X& x, Loc loc = Loc::current()) const { return layer_norm(x, 1, weight, bias, eps, loc); }
     template <class F> void visit(const std::string& prefix, F&& f) {
@@ -188,22 +155,7 @@ inline std::int64_t dropout_threshold(double p) { return static_cast<std::int64_
 /// dropout's keep mask (bool, like's shape and device) from the generator: on the CPU element i
 /// takes counter offset + i of the generator (which moves on by the count); on CUDA the generator's
 /// device stream (backends/cuda/rng.hpp) does the same in device memory.
-inline Tensor dropout_keep(const Tensor& like, double p, Generator& gen, const Loc& loc) {
-    Tensor keep(like.shape(), DType::boolean, like.device(), loc);
-    const std::int64_t n = keep.numel(), threshold = dropout_threshold(p);
-    if (n == 0) return keep;
-    if (like.device().is_cuda()) {
-        cuda::detail::dropout_mask(keep, gen, threshold, loc);
-        return keep;
-    }
-    const std::uint64_t seed = gen.seed(), c0 = gen.advance(static_cast<std::uint64_t>(n));
-    bool* k = static_cast<bool*>(keep.data_ptr());
-    kiln::detail::parallel_for(n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i)
-            k[i] = static_cast<std::int64_t>(philox_word(seed, c0 + static_cast<std::uint64_t>(i)) >> 8) >= threshold;
-    });
-    return keep;
-}
+KILN_DECL Tensor dropout_keep(const Tensor& like, double p, Generator& gen, const Loc& loc);
 }  // namespace detail
 
 /// torch.nn.functional.dropout: in training, each element is zeroed with probability p and the rest
@@ -212,23 +164,8 @@ inline Tensor dropout_keep(const Tensor& like, double p, Generator& gen, const L
 /// kiln::compile, on any thread count. Under compile the mask is one library call in the graph,
 /// drawn anew on each call (on CUDA also on each replay of a captured graph), and x * mask * scale
 /// fuses with its neighbours; the gradient is g * mask * scale.
-inline Tensor dropout(const Tensor& x, double p = 0.5, bool training = true, Generator& gen = default_generator(),
-                      Loc loc = Loc::current()) {
-    if (!(p >= 0 && p <= 1)) kiln::detail::fail<ValueError>("dropout", "p must lie in [0, 1], got " + std::to_string(p), loc);
-    if (!is_floating(x.dtype()))
-        kiln::detail::fail<DTypeError>("dropout", "needs a floating tensor, got " + std::string(dtype_name(x.dtype())), loc);
-    if (!training || p == 0) return x;
-    if (p == 1) return Tensor(x * 0.0, loc);
-    auto op = std::make_shared<ir::CallOp>();
-    // the key names the call site within its graph: two masks of one input are different draws
-    trace::Tracer* tr = trace::Tracer::active();
-    op->key = "dropout_mask(p=" + std::to_string(p) + ", gen=" + std::to_string(reinterpret_cast<std::uintptr_t>(&gen)) +
-              ", #" + std::to_string(tr ? tr->graph().size() : 0) + ")";
-    op->shape = [](const std::vector<Shape>& s) { return s[0]; };
-    op->run = [p, &gen, loc](const std::vector<Tensor>& in) { return detail::dropout_keep(in[0], p, gen, loc); };
-    const Tensor keep = trace::call_op(std::move(op), {x.detach()}, DType::boolean, loc, /*every_call=*/true);
-    return Tensor(x * keep * (1.0 / (1.0 - p)), loc);
-}
+KILN_DECL Tensor dropout(const Tensor& x, double p = 0.5, bool training = true, Generator& gen = default_generator(),
+                        Loc loc = Loc::current());
 
 /// torch.nn.Dropout: dropout(x, p) in training mode (nn::train), the identity in eval mode.
 struct Dropout {
@@ -243,51 +180,11 @@ namespace detail {
 /// The lookup on concrete tensors (weight and ids on one device): ids checked against the table
 /// (ValueError; on a GPU one min/max read back, which a CUDA graph being captured skips: the calls
 /// before a capture checked theirs, as gather's), then one row copy per id.
-inline Tensor embedding_now(const Tensor& weight, const Tensor& ids_in, const Loc& loc) {
-    if (ids_in.device() != weight.device())
-        kiln::detail::fail<DeviceError>("embedding", "ids are on " + ids_in.device().str() + " but the weight is on " +
-                                                         weight.device().str(), loc);
-    const Tensor ids = ids_in.to(DType::i64, loc).contiguous();
-    const std::int64_t num = weight.size(0), dim = weight.size(1);
-    Shape out_shape = ids.shape();
-    out_shape.push_back(dim);
-    Tensor out(out_shape, weight.dtype(), weight.device(), loc);
-    if (ids.numel() == 0) return out;
-    const bool capturing = ids.device().is_cuda() && cuda::capturing(cuda::current_stream(ids.device().index));
-    if (!capturing) {
-        const std::int64_t lo_v = min(ids).item<std::int64_t>(), hi_v = max(ids).item<std::int64_t>();
-        if (lo_v < 0 || hi_v >= num)
-            kiln::detail::fail<ValueError>("embedding", "id " + std::to_string(lo_v < 0 ? lo_v : hi_v) +
-                                                            " is out of range for an embedding of " + std::to_string(num) + " rows", loc);
-    }
-    const Tensor w = weight.contiguous();
-    if (w.device().is_cuda()) {
-        cuda::detail::gather_rows(w, ids, out);
-        return out;
-    }
-    const std::size_t row_bytes = static_cast<std::size_t>(dim) * w.element_size();
-    const auto* src = static_cast<const unsigned char*>(w.data_ptr());
-    auto* dst = static_cast<unsigned char*>(out.data_ptr());
-    const std::int64_t* id = ids.data<std::int64_t>();
-    for (std::int64_t i = 0; i < ids.numel(); ++i)
-        std::memcpy(dst + static_cast<std::size_t>(i) * row_bytes, src + static_cast<std::size_t>(id[i]) * row_bytes, row_bytes);
-    return out;
-}
+KILN_DECL Tensor embedding_now(const Tensor& weight, const Tensor& ids_in, const Loc& loc);
 /// The library op of embedding (operands {weight, ids}).
-inline std::shared_ptr<ir::CallOp> embedding_op(const Loc& loc) {
-    auto call = std::make_shared<ir::CallOp>();
-    call->key = "embedding";
-    call->name = "embedding";
-    call->shape = [](const std::vector<Shape>& s) {
-        Shape o = s[1];
-        o.push_back(s[0][1]);
-        return o;
-    };
-    call->run = [loc](const std::vector<Tensor>& in) { return embedding_now(in[0], in[1], loc); };
-    return call;
-}
-inline const bool embedding_registered =
-    ir::register_library_op("embedding", [](const ir::CallAttrs&) -> std::shared_ptr<const ir::CallOp> { return embedding_op(Loc::current()); });
+KILN_DECL std::shared_ptr<ir::CallOp> embedding_op(const Loc& loc);
+/// Registers embedding's library-op factory (called by export/program_file.hpp).
+KILN_DECL void register_embedding();
 
 }  // namespace detail
 
@@ -295,31 +192,14 @@ inline const bool embedding_registered =
 /// ids.shape + (dim). Every id must lie in [0, num) (ValueError otherwise; checked on the host,
 /// which waits for the device when ids are on a GPU; replays of a captured CUDA graph do not
 /// check). Under kiln::compile it is a library call inside the graph (no graph break).
-inline Tensor embedding(const Tensor& weight, const Tensor& ids, Loc loc = Loc::current()) {
-    if (weight.rank() != 2)
-        kiln::detail::fail<ShapeError>("embedding", "weight must be 2-D (num_embeddings, dim), got " + weight.shape().str(), loc);
-    if (ids.dtype() != DType::i32 && ids.dtype() != DType::i64)
-        kiln::detail::fail<DTypeError>("embedding", "ids must be int32 or int64, got " + std::string(dtype_name(ids.dtype())), loc);
-    if (autograd::detail::needs_grad({&weight}))  // the rows' gradients added into a zero table
-        return autograd::detail::library(
-            "embedding", {&weight, &ids}, [&] { return embedding(weight, ids, loc); },
-            [ids, ws = weight.shape(), dev = weight.device()](const Tensor& g) {
-                const std::int64_t dim = ws[1];
-                const Tensor rows = g.reshape({-1, dim});
-                const Tensor where_to = ids.to(DType::i64).reshape({-1, 1}).expand({-1, dim});
-                return std::vector<Tensor>{scatter_add(zeros(ws, g.dtype(), dev), 0, where_to, rows), Tensor()};
-            },
-            loc);
-    return trace::call_op(detail::embedding_op(loc), {weight, ids}, weight.dtype(), loc);
-}
+KILN_DECL Tensor embedding(const Tensor& weight, const Tensor& ids, Loc loc = Loc::current());
 
 /// A lookup table of num_embeddings rows of embedding_dim (torch.nn.Embedding, init N(0, 1)).
 struct Embedding {
     Tensor weight;  ///< (num_embeddings, embedding_dim)
 
     Embedding() = default;
-    Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Init o = {})
-        : weight(randn({num_embeddings, embedding_dim}).to(o.dtype).to(o.device)) {}
+    Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Init o = {});
     Tensor operator()(const Tensor& ids, Loc loc = Loc::current()) const { return embedding(weight, ids, loc); }
     template <class F> void visit(const std::string& prefix, F&& f) { f(prefix + "weight", weight); }
 };
@@ -328,19 +208,8 @@ struct Embedding {
 /// kernel for the scaled, masked softmax, one batched GEMM. `mask` (optional) broadcasts to the
 /// scores (..., S_q, S_k): a bool mask keeps the positions where it is true (like torch's
 /// scaled_dot_product_attention), a float mask is added.
-inline Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
-                                           Loc loc = Loc::current()) {
-    if (q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank() || q.size(-1) != k.size(-1) || k.size(-2) != v.size(-2))
-        kiln::detail::fail<ShapeError>("scaled_dot_product_attention", "q " + q.shape().str() + ", k " + k.shape().str() +
-                                                                           " and v " + v.shape().str() + " do not fit together", loc);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const Tensor scores = kiln::matmul(q, k.transpose(-2, -1), loc);
-    Tensor p;
-    if (!mask.defined()) p = softmax(scores * scale, -1, loc);
-    else if (mask.dtype() == DType::boolean) p = softmax(where(mask, scores * scale, -INFINITY), -1, loc);
-    else p = softmax(scores * scale + mask, -1, loc);
-    return kiln::matmul(p.to(v.dtype(), loc), v, loc);
-}
+KILN_DECL Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
+                                             Loc loc = Loc::current());
 
 /// Multi-head self-attention over batch-first (B, S, E) inputs with torch.nn.MultiheadAttention's
 /// parameters: in_proj (3E, E) packing q, k, v, and out_proj.
@@ -350,29 +219,10 @@ struct MultiheadAttention {
     Linear out_proj;
 
     MultiheadAttention() = default;
-    MultiheadAttention(std::int64_t embed, std::int64_t heads, Init o = {}) : embed_dim(embed), num_heads(heads), out_proj(embed, embed, true, Act::none, o) {
-        if (heads <= 0 || embed % heads != 0)
-            throw ShapeError("kiln::nn::MultiheadAttention: embed_dim " + std::to_string(embed) + " is not divisible by num_heads " +
-                             std::to_string(heads));
-        const double bound = std::sqrt(6.0 / static_cast<double>(4 * embed));  // xavier_uniform on (3E, E)
-        in_proj_weight = detail::uniform({3 * embed, embed}, bound, o);
-        in_proj_bias = zeros({3 * embed}, o.dtype, o.device);
-    }
+    MultiheadAttention(std::int64_t embed, std::int64_t heads, Init o = {});
 
     /// x (B, S, E) -> (B, S, E); mask as in scaled_dot_product_attention, broadcast over (B, H, S, S).
-    Tensor operator()(const Tensor& x, const Tensor& mask = {}, Loc loc = Loc::current()) const {
-        if (x.rank() != 3 || x.size(2) != embed_dim)
-            kiln::detail::fail<ShapeError>("MultiheadAttention", "input must be (batch, seq, " + std::to_string(embed_dim) +
-                                                                     "), got " + x.shape().str(), loc);
-        const std::int64_t B = x.size(0), S = x.size(1), H = num_heads, D = embed_dim / num_heads;
-        const Tensor qkv = linear(x, in_proj_weight, in_proj_bias, Act::none, loc).reshape({B, S, 3, H, D}, loc);
-        // (B, H, S, D) views of q, k and v
-        const Tensor q = qkv.select(2, 0, loc).permute({0, 2, 1, 3}, loc);
-        const Tensor k = qkv.select(2, 1, loc).permute({0, 2, 1, 3}, loc);
-        const Tensor v = qkv.select(2, 2, loc).permute({0, 2, 1, 3}, loc);
-        const Tensor a = scaled_dot_product_attention(q, k, v, mask, loc).permute({0, 2, 1, 3}, loc).reshape({B, S, embed_dim}, loc);
-        return out_proj(a, loc);
-    }
+    Tensor operator()(const Tensor& x, const Tensor& mask = {}, Loc loc = Loc::current()) const;
     template <class F> void visit(const std::string& prefix, F&& f) {
         f(prefix + "in_proj_weight", in_proj_weight);
         f(prefix + "in_proj_bias", in_proj_bias);
@@ -385,8 +235,7 @@ struct Mlp {
     Linear fc1, fc2;
 
     Mlp() = default;
-    Mlp(std::int64_t in, std::int64_t hidden, std::int64_t out, Init o = {})
-        : fc1(in, hidden, true, Act::gelu_tanh, o), fc2(hidden, out, true, Act::none, o) {}
+    Mlp(std::int64_t in, std::int64_t hidden, std::int64_t out, Init o = {});
     Tensor operator()(const Tensor& x, Loc loc = Loc::current()) const { return fc2(fc1(x, loc), loc); }
     template <class F> void visit(const std::string& prefix, F&& f) {
         fc1.visit(prefix + "fc1.", f);
@@ -404,14 +253,9 @@ struct BertLayer {
     Dropout dropout{};
 
     BertLayer() = default;
-    BertLayer(std::int64_t hidden, std::int64_t heads, std::int64_t ffn, double eps = 1e-5, Init o = {})
-        : self_attn(hidden, heads, o), linear1(hidden, ffn, true, Act::gelu_tanh, o), linear2(ffn, hidden, true, Act::none, o),
-          norm1(hidden, eps, o), norm2(hidden, eps, o) {}
+    BertLayer(std::int64_t hidden, std::int64_t heads, std::int64_t ffn, double eps = 1e-5, Init o = {});
 
-    Tensor operator()(const Tensor& x, const Tensor& mask = {}, Loc loc = Loc::current()) const {
-        const Tensor h = norm1(x + dropout(self_attn(x, mask, loc)), loc);
-        return norm2(h + dropout(linear2(linear1(h, loc), loc)), loc);
-    }
+    Tensor operator()(const Tensor& x, const Tensor& mask = {}, Loc loc = Loc::current()) const;
     template <class F> void visit(const std::string& prefix, F&& f) {
         self_attn.visit(prefix + "self_attn.", f);
         linear1.visit(prefix + "linear1.", f);
@@ -475,3 +319,7 @@ void load_state(M& m, const std::map<std::string, Tensor>& params, bool strict =
 }
 
 }  // namespace kiln::nn
+
+#if KILN_HEADER_ONLY
+#include "kiln/nn/layers_impl.hpp"
+#endif

@@ -457,7 +457,10 @@ inline std::shared_ptr<ir::CallOp> index_call(IndexOp m, int d, Scalar value, co
     };
     return call;
 }
-inline const bool index_ops_registered = [] {
+/// Registers gather/scatter/scatter_add's library-op factories (for loading a program file;
+/// called by export/program_file.hpp, not at static initialization: a registration made there
+/// would compile every index kernel into every translation unit that includes kiln.hpp).
+inline void register_index_ops() {
     for (IndexOp m : {IndexOp::gather, IndexOp::scatter, IndexOp::scatter_value, IndexOp::scatter_add}) {
         ir::register_library_op(index_call_names[static_cast<int>(m)], [m](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
             const std::string op = index_call_names[static_cast<int>(m)];
@@ -474,8 +477,7 @@ inline const bool index_ops_registered = [] {
             return index_call(m, d, value, std::source_location::current());
         });
     }
-    return true;
-}();
+}
 
 /// The front door of gather / scatter: validates, then runs now or records a library call.
 inline Tensor index_op(IndexOp m, const Tensor& x, std::int64_t dim, const Tensor& index, const Tensor& src, Scalar value,
