@@ -13,6 +13,7 @@
 
 #include <kiln/kiln.hpp>
 #include <kiln/nn.hpp>
+#include <kiln/backends/cuda/graphs.hpp>  // cuda::GraphStats
 
 #include "test_util.hpp"
 

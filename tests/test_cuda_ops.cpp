@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <kiln/kiln.hpp>
 #include <kiln/nn.hpp>
-#include <kiln/backends/cuda/graphs.hpp>  // cuda::GraphStats
+#include <kiln/backends/cuda/cudnn.hpp>         // cuda::cudnn::available, conv_calls
+#include <kiln/backends/cuda/graphs.hpp>        // cuda::GraphStats
+#include <kiln/backends/cuda/kernel_cache.hpp>  // cache::kernel_cache_stats
 #include <string>
 #include <thread>
 #include <unistd.h>

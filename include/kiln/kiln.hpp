@@ -4,6 +4,7 @@
 #include "kiln/backends/cuda/allocator.hpp"
 #include "kiln/autograd/autograd.hpp"
 #include "kiln/backends/cuda/copy.hpp"
+#include "kiln/backends/cuda/graphs.hpp"  // cuda::graph_stats: what reduce_overhead replays
 #include "kiln/compile.hpp"
 #include "kiln/core/allocator.hpp"
 #include "kiln/core/device.hpp"
