@@ -224,6 +224,23 @@ TEST_CASE("program files: ResNet-18 (conv2d, max_pool2d through the library-op r
     CHECK(back.kernels() < plain);  // BatchNorm folded into the convolutions
 }
 
+TEST_CASE("program files: an embedding lookup (a library op the loader registers) round-trips with a dynamic batch") {
+    manual_seed(6);
+    nn::Embedding emb(50, 8);
+    const nn::Linear head(8, 3);
+    const auto fn = [&](const Tensor& ids) { return head(emb(ids)); };
+    const Tensor ids = randint(0, 50, {2, 5}, DType::i64);
+    ExportedProgram ep = export_program(fn, std::make_tuple(ids), {{{0, Dim("batch", 1, 16)}}});
+    CHECK(ep.graph_str().find("embedding(") != std::string::npos);
+    TempFile file("embedding.kiln");
+    ep.save(file.str());
+    ExportedProgram back = load_program(file.str());
+    CHECK(maxdiff(back(ids)[0], fn(ids)) < 1e-6);
+    const Tensor ids4 = randint(0, 50, {4, 5}, DType::i64);
+    CHECK(maxdiff(back(ids4)[0], fn(ids4)) < 1e-6);
+    CHECK_THROWS_AS(back(full({1, 5}, 50, DType::i64)), ValueError);  // an id past the table, checked by the loaded op
+}
+
 TEST_CASE("program files: bad files are ValueErrors (newer version, not a program, corrupted, truncated, a graph that fails verification)") {
     manual_seed(5);
     const nn::Mlp mlp(8, 16, 4);
