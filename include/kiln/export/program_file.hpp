@@ -27,6 +27,7 @@ namespace kiln {
 namespace detail::program_file {
 
 inline constexpr int format_version = 1;
+inline constexpr const char* format_name = "kiln.program";
 
 /// The library ops kiln defines, registered once before a file's calls are looked up. They are
 /// registered here, not at static initialization in their headers: a registration there compiles
@@ -41,7 +42,6 @@ inline void register_builtin_library_ops() {
     }();
     (void)done;
 }
-inline constexpr const char* format_name = "kiln.program";
 
 /// A double as C99 hex-float text: exact, and it spells inf and nan.
 inline std::string num(double v) {

@@ -159,30 +159,27 @@ template <class X> const Shape& operand_shape(const X& x) {
 // A reduction of a plain tensor is one instantiation per reduction (mean has its own path), whatever the program, and
 // so is the reduction of any expression once flattened (reduce_flat, arg_reduce_flat: the expression's own code is
 // its fused loop, passed in): in separate compilation the runtime compiles them once and user code only calls them.
-#define KILN_REDUCE_OF_TENSOR(R)                                                                 \
-    Tensor reduce<ops::R, Tensor>(const Tensor&, const Axes&, bool, const std::source_location&); \
-    KILN_EXTERN template Tensor reduce_flat<ops::R>(const expr::Flat&, expr::Fused, const Axes&, bool, const std::source_location&);
-#define KILN_ARG_REDUCE(Max) \
-    Tensor arg_reduce_flat<Max>(const expr::Flat&, expr::Fused, std::optional<std::int64_t>, bool, const std::source_location&);
 #if !KILN_HEADER_ONLY
-#define KILN_EXTERN extern
 #define KILN_INSTANTIATE extern template
 #elif defined(KILN_SEPARATE_COMPILATION)
-#define KILN_EXTERN
 #define KILN_INSTANTIATE template
 #endif
 #ifdef KILN_INSTANTIATE
-KILN_INSTANTIATE KILN_REDUCE_OF_TENSOR(SumR)
-KILN_INSTANTIATE KILN_REDUCE_OF_TENSOR(ProdR)
-KILN_INSTANTIATE KILN_REDUCE_OF_TENSOR(MaxR)
-KILN_INSTANTIATE KILN_REDUCE_OF_TENSOR(MinR)
-KILN_INSTANTIATE KILN_ARG_REDUCE(true)
-KILN_INSTANTIATE KILN_ARG_REDUCE(false)
-#undef KILN_EXTERN
+#define KILN_REDUCTION(R)                                                                                    \
+    KILN_INSTANTIATE Tensor reduce<ops::R, Tensor>(const Tensor&, const Axes&, bool, const std::source_location&); \
+    KILN_INSTANTIATE Tensor reduce_flat<ops::R>(const expr::Flat&, expr::Fused, const Axes&, bool, const std::source_location&);
+#define KILN_ARG_REDUCTION(Max) \
+    KILN_INSTANTIATE Tensor arg_reduce_flat<Max>(const expr::Flat&, expr::Fused, std::optional<std::int64_t>, bool, const std::source_location&);
+KILN_REDUCTION(SumR)
+KILN_REDUCTION(ProdR)
+KILN_REDUCTION(MaxR)
+KILN_REDUCTION(MinR)
+KILN_ARG_REDUCTION(true)
+KILN_ARG_REDUCTION(false)
+#undef KILN_REDUCTION
+#undef KILN_ARG_REDUCTION
 #undef KILN_INSTANTIATE
 #endif
-#undef KILN_REDUCE_OF_TENSOR
-#undef KILN_ARG_REDUCE
 
 }  // namespace detail
 
