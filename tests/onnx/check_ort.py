@@ -51,6 +51,10 @@ def main():
     bad = 0
     for path in models:
         name = os.path.basename(path)[:-5]
+        if not os.path.exists(os.path.join(d, f"{name}.b0.in0.npy")):
+            # a file of another test (the ONNX import round trips), with no inputs to run it on
+            print(f"{name}: no inputs beside it ({name}.b0.in0.npy), not an ONNX Runtime check")
+            continue
         sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         ins = [i.name for i in sess.get_inputs()]
         k = 0

@@ -270,9 +270,17 @@ inline Captured capture(trace::Tracer& tr, int n_user, const Flat& outs, const E
             for (std::size_t k = 0; k < c.lifted.size() && name.empty(); ++k)
                 if (c.lifted[k].kind == TensorSpec::Kind::constant && same_view(c.lifted_tensors[k], whole)) name = c.lifted[k].name;
             if (name.empty()) {
+                // a fresh name, never one a parameter, buffer, input or earlier constant has (a model
+                // imported from ONNX has parameters named "_tensor_constant0" ...: reusing one of
+                // those names would bind this constant to that parameter's values)
+                auto taken = [&](const std::string& s) {
+                    return input_node.count(s) || opt.parameters.count(s) || opt.buffers.count(s) ||
+                           std::find(opt.input_names.begin(), opt.input_names.end(), s) != opt.input_names.end();
+                };
                 int count = 0;
                 for (const TensorSpec& t : c.lifted) count += t.kind == TensorSpec::Kind::constant;
-                name = "_tensor_constant" + std::to_string(count);
+                do name = "_tensor_constant" + std::to_string(count++);
+                while (taken(name));
             }
         }
         if (!input_node.count(name)) {

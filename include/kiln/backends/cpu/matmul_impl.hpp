@@ -57,9 +57,15 @@ void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c) {
     // split over batches, or over rows of C when there are fewer batches than threads
     const std::int64_t threads = flops < (std::int64_t{1} << 21) ? 1 : num_threads();
     const std::int64_t row_parts = batch >= threads ? 1 : std::min<std::int64_t>(m, (threads + batch - 1) / batch);
+    // Row parts start at multiples of 48 rows (a multiple of Eigen's micro-kernel heights, 3 packets
+    // of floats or doubles up to AVX-512): a row's sum then runs through the same kernel as in one
+    // product over all rows, so the result has the same bits whatever the thread count (parts cut
+    // anywhere else put rows in a tail kernel that adds in another order).
+    auto cut = [&](std::int64_t part) { return part >= row_parts ? m : m * part / row_parts / 48 * 48; };
     thread_pool().run(batch * row_parts, [&](std::int64_t task) {
         const std::int64_t bi = task / row_parts, part = task % row_parts;
-        const std::int64_t r0 = m * part / row_parts, r1 = m * (part + 1) / row_parts;
+        const std::int64_t r0 = cut(part), r1 = cut(part + 1);
+        if (r1 <= r0) return;
         Eigen::Map<RowM> cm(pc + bi * m * n + r0 * n, r1 - r0, n);
         const T* ap = pa + bi * a.stride(0) + r0 * a.stride(1);
         with_matrix_map(ap, r1 - r0, k, a.stride(1), a.stride(2), [&](const auto& am) {
