@@ -179,6 +179,74 @@ TEST_CASE("kernel counts: a+b+c is 1, softmax 1, layer_norm 1, matmul+bias+gelu 
     CHECK(lsm.kernels() == 1);
 }
 
+TEST_CASE("eager row composites (softmax, log_softmax, layer_norm, rms_norm) run as one compiled program, against a float64 loop") {
+    // rows of a (rows, n) tensor in double, the loop a user would write
+    auto rows_ref = [](const Tensor& x, const std::function<void(const double*, double*, std::int64_t)>& row) {
+        const Tensor xd = x.to(DType::f64).contiguous();
+        Tensor y = kiln::zeros(xd.shape(), DType::f64);
+        const std::int64_t n = xd.size(-1), r = xd.numel() / n;
+        for (std::int64_t i = 0; i < r; ++i) row(xd.data<double>() + i * n, y.data<double>() + i * n, n);
+        return y;
+    };
+    auto softmax_row = [](bool log) {
+        return [log](const double* x, double* y, std::int64_t n) {
+            double m = -INFINITY, s = 0;
+            for (std::int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+            for (std::int64_t j = 0; j < n; ++j) s += std::exp(x[j] - m);
+            for (std::int64_t j = 0; j < n; ++j) y[j] = log ? x[j] - m - std::log(s) : std::exp(x[j] - m) / s;
+        };
+    };
+    const Tensor w = kiln::randn({96}), b = kiln::randn({96});
+    auto norm_row = [&](bool rms, double eps) {
+        return [&, rms, eps](const double* x, double* y, std::int64_t n) {
+            double mu = 0, v = 0;
+            if (!rms)
+                for (std::int64_t j = 0; j < n; ++j) mu += x[j] / static_cast<double>(n);
+            for (std::int64_t j = 0; j < n; ++j) v += (x[j] - mu) * (x[j] - mu) / static_cast<double>(n);
+            for (std::int64_t j = 0; j < n; ++j)
+                y[j] = (x[j] - mu) / std::sqrt(v + eps) * w.data<float>()[j] + (rms ? 0.0 : b.data<float>()[j]);
+        };
+    };
+    const kiln::detail::RowCompositeStats before = kiln::detail::row_composite_stats();
+    std::int64_t calls = 0;
+    for (std::int64_t rows : {7, 130, 1031}) {
+        const Tensor x = Tensor(kiln::randn({rows, 96}) * 4);
+        CHECK(maxdiff(kiln::softmax(x, -1), rows_ref(x, softmax_row(false))) < 1e-6);
+        CHECK(maxdiff(kiln::log_softmax(x, 1), rows_ref(x, softmax_row(true))) < 1e-5);
+        CHECK(maxdiff(kiln::layer_norm(x, 1, w, b, 1e-5), rows_ref(x, norm_row(false, 1e-5))) < 1e-4);
+        CHECK(maxdiff(kiln::rms_norm(x, kiln::Shape{96}, w, 1e-6), rows_ref(x, norm_row(true, 1e-6))) < 1e-4);
+        calls += 4;
+    }
+    // a transposed operand, softmax over a leading axis, and bf16
+    const Tensor xt = kiln::randn({96, 50}).t();
+    CHECK(maxdiff(kiln::softmax(xt, 1), rows_ref(xt.contiguous(), softmax_row(false))) < 1e-6);
+    const Tensor x0 = kiln::randn({40, 6});
+    CHECK(maxdiff(kiln::softmax(x0, 0).t(), rows_ref(x0.t().contiguous(), softmax_row(false))) < 1e-6);
+    const Tensor xb = kiln::randn({33, 96}).to(DType::bf16);
+    const Tensor yb = kiln::layer_norm(xb, 1, w, b);
+    CHECK(yb.dtype() == DType::f32);  // bf16 x with f32 weight promotes, as the statements do
+    CHECK(maxdiff(yb, rows_ref(xb, norm_row(false, 1e-5))) < 1e-4);
+    calls += 3;
+    const kiln::detail::RowCompositeStats after = kiln::detail::row_composite_stats();
+    if (std::getenv("KILN_EAGER_COMPOSITES") && std::string(std::getenv("KILN_EAGER_COMPOSITES")) == "0") {
+        CHECK(after.calls == before.calls);
+    } else {
+        CHECK(after.calls - before.calls == calls);
+        // 4 ops over 3 row counts: the second count makes the rows dynamic, the third reuses it; the
+        // transposed, leading-axis and bf16 calls are programs of their own
+        CHECK(after.programs - before.programs <= 4 * 2 + 3);
+    }
+    // what autograd records, and what a trace sees, take the statements
+    const Tensor p = kiln::randn({5, 96}).requires_grad_();
+    kiln::sum(kiln::softmax(p, -1)).backward();
+    CHECK(p.grad().defined());
+    auto traced = kiln::compile([](const Tensor& v) { return kiln::softmax(v, -1); });
+    CHECK(maxdiff(traced(p.detach()), kiln::softmax(p.detach(), -1)) < 1e-6);
+    CHECK(kiln::detail::row_composite_stats().calls == after.calls + (after.calls == before.calls ? 0 : 1));
+    // a bad axis is the reduction's error, naming softmax and this line
+    CHECK_THROWS_AS(kiln::softmax(xt, 2), kiln::ShapeError);
+}
+
 TEST_CASE("one graph spans statements, loops and helper calls") {
     const Tensor x = kiln::randn({64});
     auto helper = [](const Tensor& t) { return Tensor(kiln::tanh(t) * 0.5); };

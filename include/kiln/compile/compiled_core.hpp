@@ -14,6 +14,7 @@
 #include "kiln/compile/options.hpp"
 #include "kiln/core/config.hpp"
 #include "kiln/core/function_ref.hpp"
+#include "kiln/ops/nn.hpp"
 #include "kiln/trace/tracer.hpp"
 
 namespace kiln::detail {
@@ -47,6 +48,21 @@ public:
 private:
     std::unique_ptr<CompileCache> cache_;
 };
+
+/// A row composite (ops/nn.hpp: softmax, log_softmax, layer_norm, rms_norm) on concrete tensors,
+/// run as one compiled program: one CompiledCore per op, arguments, dtype, device, rank and
+/// layout, process-wide (a size that changes becomes a dynamic dim of that program, so a model's
+/// eager calls compile each composite once or twice). nullopt where it runs eagerly after all
+/// (KILN_EAGER_COMPOSITES=0, or the recompile limit).
+KILN_DECL std::optional<Tensor> run_row_composite(const RowCompositeCall& c, const std::source_location& loc);
+/// What run_row_composite did: calls its programs ran, and programs compiled (recompiles included).
+struct RowCompositeStats {
+    std::int64_t calls = 0, programs = 0;
+};
+KILN_DECL RowCompositeStats row_composite_stats();
+/// Makes the ops' row composites run through run_row_composite (a function pointer: the ops layer
+/// cannot include this one).
+inline const bool row_composites_compiled = (row_composite_runner() = &run_row_composite, true);
 
 }  // namespace kiln::detail
 

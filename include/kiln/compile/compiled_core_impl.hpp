@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cstdlib>
+#include <map>
 #include <condition_variable>
 #include <cstdio>
 #include <functional>
@@ -14,6 +17,7 @@
 #include <shared_mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/cache/guards.hpp"
@@ -384,5 +388,81 @@ KILN_DECL std::vector<trace::Break> CompiledCore::graph_breaks() const { return 
 KILN_DECL std::string CompiledCore::dot() const { return cache_->dot(); }
 KILN_DECL std::string CompiledCore::report() const { return cache_->report(); }
 KILN_DECL bool CompiledCore::fell_back_to_eager() const { return cache_->fell_back_to_eager(); }
+
+// ------------------------------------------------------------------ row composites run eagerly
+/// The programs of run_row_composite, by key, and its counts.
+struct RowComposites {
+    std::mutex mu;
+    std::map<std::string, std::shared_ptr<CompiledCore>> programs;
+    std::atomic<std::int64_t> calls{0};
+};
+inline RowComposites& row_composites() {
+    // never destroyed: its programs hold device memory and kernels, which must not be freed after
+    // the CUDA backend's own statics are gone at exit
+    static RowComposites& rc = *new RowComposites;
+    return rc;
+}
+KILN_DECL std::optional<Tensor> run_row_composite(const RowCompositeCall& c, const std::source_location& loc) {
+    static const bool enabled = [] {
+        const char* e = std::getenv("KILN_EAGER_COMPOSITES");
+        return !(e && std::string_view(e) == "0");
+    }();
+    if (!enabled) return std::nullopt;
+    // one program per key: what the guards would otherwise recompile for (dtype, device, rank,
+    // layout), so each program sees only sizes change (they become dynamic dims)
+    const Tensor* operands[] = {&c.x, &c.weight, &c.bias};
+    std::string key = std::to_string(static_cast<int>(c.op)) + ":" + std::to_string(c.axis) + ":" + std::to_string(std::bit_cast<std::uint64_t>(c.eps));
+    for (const Tensor* t : operands) {
+        key += '|';
+        if (!t->defined()) continue;
+        key += std::string(dtype_name(t->dtype())) + "," + t->device().str() + "," + std::to_string(t->rank()) + (t->is_contiguous() ? "c" : "s");
+    }
+    RowComposites& rc = row_composites();
+    std::shared_ptr<CompiledCore> core;
+    {
+        const std::lock_guard lock(rc.mu);
+        std::shared_ptr<CompiledCore>& p = rc.programs[key];
+        if (!p) {
+            Options o;
+            o.recompile_limit = 64;  // sizes only (the key holds the rest): a warning after 64 would mean a bug
+            p = std::make_shared<CompiledCore>(std::move(o));
+        }
+        core = p;
+    }
+    Flat flat;
+    for (const Tensor* t : operands)
+        if (t->defined()) flat.tensors.push_back(*t);
+    std::vector<std::size_t> sizes;
+    std::optional<std::vector<Tensor>> out = core->call(flat, sizes, [&](trace::Tracer& tr) {
+        trace::ActiveScope scope(&tr);
+        std::vector<Tensor> in;
+        for (std::size_t i = 0; i < flat.tensors.size(); ++i) in.push_back(tr.input(flat.tensors[i], static_cast<int>(i)));
+        const Tensor w = c.weight.defined() ? in[1] : Tensor(), b = c.bias.defined() ? in[c.weight.defined() ? 2 : 1] : Tensor();
+        Flat f;
+        switch (c.op) {
+            case RowComposite::softmax: f.tensors.push_back(softmax(in[0], c.axis, loc)); break;
+            case RowComposite::log_softmax: f.tensors.push_back(log_softmax(in[0], c.axis, loc)); break;
+            case RowComposite::layer_norm: f.tensors.push_back(layer_norm(in[0], static_cast<int>(c.axis), w, b, c.eps, loc)); break;
+            case RowComposite::rms_norm: {
+                const Shape& s = in[0].shape();
+                std::vector<std::int64_t> dims(s.end() - c.axis, s.end());
+                f.tensors.push_back(rms_norm(in[0], Shape(dims), w, c.eps, loc));
+                break;
+            }
+        }
+        return f;
+    });
+    if (!out || out->size() != 1) return std::nullopt;
+    rc.calls.fetch_add(1, std::memory_order_relaxed);
+    return std::move((*out)[0]);
+}
+KILN_DECL RowCompositeStats row_composite_stats() {
+    RowComposites& rc = row_composites();
+    const std::lock_guard lock(rc.mu);
+    RowCompositeStats s;
+    s.calls = rc.calls.load(std::memory_order_relaxed);
+    for (const auto& [key, p] : rc.programs) s.programs += p->compiles();
+    return s;
+}
 
 }  // namespace kiln::detail

@@ -1,16 +1,56 @@
 // Row-wise composites: softmax, log_softmax, layer_norm, rms_norm and one_hot, written with reductions and expressions.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/reductions.hpp"
 
 namespace kiln {
+namespace detail {
+
+/// The row composites below, called on concrete tensors, run as one compiled program each (one row
+/// kernel, as kiln::compile fuses them) instead of one kernel per statement: eager softmax is one
+/// pass over L1-resident rows, as torch's eager softmax is one kernel. Traced calls (inside
+/// kiln::compile or export_program), calls autograd records, and programs without kiln::compile's
+/// layer (which sets the runner: compile/compiled_core.hpp) take the statements below.
+/// KILN_EAGER_COMPOSITES=0 turns it off (to compare).
+enum class RowComposite : std::uint8_t { softmax, log_softmax, layer_norm, rms_norm };
+struct RowCompositeCall {
+    RowComposite op;
+    std::int64_t axis = -1;  ///< softmax / log_softmax: the axis; layer_norm / rms_norm: how many trailing dims
+    double eps = 0;
+    Tensor x, weight, bias;  ///< weight and bias may be undefined
+};
+using RowCompositeRunner = std::optional<Tensor> (*)(const RowCompositeCall&, const std::source_location&);
+inline RowCompositeRunner& row_composite_runner() {
+    static RowCompositeRunner run = nullptr;
+    return run;
+}
+/// The composite's result from its compiled program, or nullopt where it takes its statements. The
+/// caller has checked the arguments (errors name the user's op, as the statements' would).
+inline std::optional<Tensor> eager_row_composite(const RowCompositeCall& c, const std::source_location& loc) {
+    const RowCompositeRunner run = row_composite_runner();
+    if (!run || trace::Tracer::active() != nullptr || c.x.is_traced() || c.x.numel() == 0 || !is_floating(c.x.dtype())) return std::nullopt;
+    for (const Tensor* t : {&c.weight, &c.bias})
+        if (t->defined() && (t->is_traced() || t->device() != c.x.device())) return std::nullopt;
+    if (autograd::detail::needs_grad({&c.x, &c.weight, &c.bias})) return std::nullopt;
+    return run(c, loc);
+}
+/// Whether axis names a dim of a tensor of rank r (a composite with a bad axis takes its
+/// statements, whose reduction raises the error).
+inline bool axis_ok(std::int64_t axis, int r) { return r >= 1 && axis >= -r && axis < r; }
+
+}  // namespace detail
 
 /// exp(x - max) / sum(exp(x - max)) along axis.
 template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("softmax", loc);
+    if constexpr (std::is_same_v<X, Tensor>)
+        if (detail::axis_ok(axis, x.rank()))
+            if (auto y = detail::eager_row_composite({detail::RowComposite::softmax, axis, 0, x, {}, {}}, loc)) return std::move(*y);
     const Tensor m = detail::row_max(x, axis, loc);
     const Tensor s = sum(exp(x - m), axis, true, loc);
     return Tensor(exp(x - m) / s, loc);
@@ -19,6 +59,9 @@ template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = 
 /// x - max - log(sum(exp(x - max))) along axis.
 template <class X> Tensor log_softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("log_softmax", loc);
+    if constexpr (std::is_same_v<X, Tensor>)
+        if (detail::axis_ok(axis, x.rank()))
+            if (auto y = detail::eager_row_composite({detail::RowComposite::log_softmax, axis, 0, x, {}, {}}, loc)) return std::move(*y);
     const Tensor m = detail::row_max(x, axis, loc);
     const Tensor lse = Tensor(log(sum(exp(x - m), axis, true, loc)) + m, loc);
     return Tensor(x - lse, loc);
@@ -34,10 +77,6 @@ Tensor layer_norm(const X& x, int normalized_dims = 1, const Tensor& weight = {}
     if (normalized_dims < 1 || normalized_dims > s.rank())
         detail::fail<ShapeError>("layer_norm", "cannot normalize the last " + std::to_string(normalized_dims) +
                                                    " dims of a tensor of shape " + s.str(), loc);
-    std::vector<std::int64_t> axes;
-    for (int d = s.rank() - normalized_dims; d < s.rank(); ++d) axes.push_back(d);
-    const Tensor mu = mean(x, axes, true, loc);
-    const Tensor rstd = Tensor(rsqrt(mean(square(x - mu), axes, true, loc) + eps), loc);
     for (const Tensor* p : {&weight, &bias}) {
         if (!p->defined()) continue;
         bool ok = p->rank() == normalized_dims;
@@ -46,6 +85,13 @@ Tensor layer_norm(const X& x, int normalized_dims = 1, const Tensor& weight = {}
             detail::fail<ShapeError>("layer_norm", std::string(p == &weight ? "weight" : "bias") + " of shape " +
                                                        p->shape().str() + " does not match the normalized dims of " + s.str(), loc);
     }
+    if constexpr (std::is_same_v<X, Tensor>)
+        if (auto y = detail::eager_row_composite({detail::RowComposite::layer_norm, normalized_dims, eps, x, weight, bias}, loc))
+            return std::move(*y);
+    std::vector<std::int64_t> axes;
+    for (int d = s.rank() - normalized_dims; d < s.rank(); ++d) axes.push_back(d);
+    const Tensor mu = mean(x, axes, true, loc);
+    const Tensor rstd = Tensor(rsqrt(mean(square(x - mu), axes, true, loc) + eps), loc);
     if (weight.defined() && bias.defined()) return Tensor((x - mu) * rstd * weight + bias, loc);
     if (weight.defined()) return Tensor((x - mu) * rstd * weight, loc);
     if (bias.defined()) return Tensor((x - mu) * rstd + bias, loc);
@@ -77,6 +123,8 @@ Tensor rms_norm(const X& x, const Shape& normalized_shape, const Tensor& weight 
     if (weight.defined() && !is_floating(weight.dtype()))
         detail::fail<DTypeError>("rms_norm", "weight must be floating, got " + std::string(dtype_name(weight.dtype())), loc);
     const double e = eps ? *eps : dt == DType::f64 ? 0x1p-52 : dt == DType::f16 ? 0x1p-10 : dt == DType::bf16 ? 0x1p-7 : 0x1p-23;
+    if constexpr (std::is_same_v<X, Tensor>)
+        if (auto y = detail::eager_row_composite({detail::RowComposite::rms_norm, nd, e, x, weight, {}}, loc)) return std::move(*y);
     std::vector<std::int64_t> axes;
     for (int d = s.rank() - nd; d < s.rank(); ++d) axes.push_back(d);
     const DType st = dt == DType::f64 ? DType::f64 : DType::f32;  // the statistic's dtype
