@@ -1107,6 +1107,14 @@ const char* const gpu_workloads[] = {"chain64M", "bias_gelu", "softmax", "softma
 /// context is made first, so only kiln's trace, compile or disk load and the run are counted).
 int first_call_probe(const std::string& name, kiln::Mode mode) {
     GpuWorkload w = gpu_workload(name, mode);
+    if (std::getenv("KILN_BENCH_PREWARM_BLAS")) {
+        // (a diagnosis, not a row: cuBLASLt's first use in a process (its handle, heuristics and
+        // the lazy load of its kernels' module) before the clock starts, to see what is kiln's)
+        for (kiln::DType dt : {kiln::DType::f32, kiln::DType::bf16}) {
+            const Tensor a = gpu(kiln::randn({24, 40}).to(dt));
+            (void)kiln::matmul(a, a.t());
+        }
+    }
     kiln::cuda::synchronize(0);
     const auto t0 = Clock::now();
     (void)w.call(w.in);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <condition_variable>
@@ -289,8 +290,14 @@ inline std::function<void(const std::string&, const ir::Graph&)> CompileCache::g
 /// without the lock.
 inline std::vector<Tensor> CompileCache::trace_first(const Flat& flat, Entry& entry, bool& still_polymorphic,
                                                      std::vector<trace::Break>& breaks, const TraceFn& trace) {
+    // KILN_LOGS=compile_times: where a compile's time goes (the first call of a warm process is
+    // this plus loading the cached kernels)
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point t_start = Clock::now();
+    auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
     trace::Tracer tr = make_tracer();
     const Flat outs = trace(tr);
+    const double trace_ms = ms_since(t_start);
     entry.out_sizes = outs.sizes;
     breaks = tr.breaks();
     for (const auto& b : tr.breaks())
@@ -307,8 +314,11 @@ inline std::vector<Tensor> CompileCache::trace_first(const Flat& flat, Entry& en
     entry.writes = tr.write_backs();
     check_written_memory_unshared(entry.writes, flat.tensors);
     for (const auto& w : entry.writes) g.outputs.push_back(w.node);
+    Clock::time_point t = Clock::now();
     ir::Graph opt = passes::run_pipeline(g, graph_logger(), {.freeze = opt_.freeze});
     copy_aliased_outputs(opt, own, memory);
+    const double passes_ms = ms_since(t);
+    t = Clock::now();
     bool dynamic = false;
     for (const auto& gd : entry.guards)
         for (auto d : gd.dims) dynamic = dynamic || d == cache::symbolic;
@@ -333,11 +343,23 @@ inline std::vector<Tensor> CompileCache::trace_first(const Flat& flat, Entry& en
         entry.fusion_text = s.str();
     }
     entry.hash = ir::structural_hash(opt);
+    const double plan_ms = ms_since(t);
+    t = Clock::now();
     entry.run = make_executable(opt, opt_, entry.kernels, dynamic, program_device(opt, tr.segment_inputs()));
+    const double backend_ms = ms_since(t);
     debug::log("cache", "compiled " + std::to_string(entry.kernels) + " kernel(s), graph hash " + std::to_string(entry.hash));
     if (debug::log_on("output_code")) debug::log("output_code", entry.graph_text);
+    t = Clock::now();
     std::vector<Tensor> results = entry.run(tr.segment_inputs());
     apply_writes(results, entry.writes, flat.tensors);
+    if (debug::log_on("compile_times")) {
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "compile of %d node(s), %d kernel(s): trace %.2f ms, passes %.2f ms, fusion plan + texts %.2f ms, backend (kernels "
+                      "built or loaded, GEMM plans) %.2f ms, first run (host side) %.2f ms; total %.2f ms",
+                      opt.size(), entry.kernels, trace_ms, passes_ms, plan_ms, backend_ms, ms_since(t), ms_since(t_start));
+        debug::log("compile_times", buf);
+    }
     return results;
 }
 
