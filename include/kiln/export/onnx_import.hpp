@@ -173,8 +173,10 @@ public:
     Interpreter(const ::onnx::GraphProto& g, int opset, std::map<std::string, int> types, std::map<std::string, Tensor> init,
                 std::vector<std::string> user_inputs, const Loc& loc)
         : g_(g), opset_(opset), types_(std::move(types)), init_(std::move(init)), user_inputs_(std::move(user_inputs)), loc_(loc) {
-        for (const auto& n : g_.node())
-            for (const std::string& name : n.input()) ++uses_[name];
+        for (int i = 0; i < g_.node_size(); ++i) {
+            for (const std::string& name : g_.node(i).input()) ++uses_[name];
+            for (const std::string& name : g_.node(i).output()) producer_[name] = i;
+        }
         for (const auto& o : g_.output()) ++uses_[o.name()];
     }
 
@@ -201,7 +203,8 @@ public:
             if (!fold && n.op_type() == "Conv") plan_epilogue(i);
             std::optional<trace::ActiveScope> host;  // a known value is computed now, on the host: a constant of the program
             if (fold) host.emplace(nullptr);
-            const std::vector<Tensor> out = apply(n, in);
+            const std::optional<Tensor> narrow = fold ? std::nullopt : narrow_op(i, in);
+            const std::vector<Tensor> out = narrow ? std::vector<Tensor>{*narrow} : apply(n, in);
             const bool known = fold || n.op_type() == "Constant" || n.op_type() == "Shape" || n.op_type() == "Size" ||
                                n.op_type() == "ConstantOfShape" || n.op_type() == "EyeLike" || n.op_type() == "Range";
             if (known && !host) host.emplace(nullptr);  // (and so is its dtype's cast below)
@@ -210,8 +213,9 @@ public:
                 if (static_cast<std::size_t>(k) >= out.size() || !out[static_cast<std::size_t>(k)].defined())
                     unsupported_here("output " + std::to_string(k) + " ('" + n.output(k) + "') is not implemented");
                 Tensor t = out[static_cast<std::size_t>(k)];
-                // ONNX fixes each output's type; kiln's promotion can differ (int / int, pow(int, float))
-                if (auto it = types_.find(n.output(k)); it != types_.end())
+                // ONNX fixes each output's type; kiln's promotion can differ (int / int, pow(int, float));
+                // a narrowed op keeps its narrow type (the Cast after it is then a no-op)
+                if (auto it = types_.find(n.output(k)); !narrow && it != types_.end())
                     if (auto d = dtype_of(it->second); d && *d != t.dtype()) t = t.to(*d);
                 vals_[n.output(k)] = Value{t, known && !t.is_traced()};
             }
@@ -240,7 +244,63 @@ private:
     Loc loc_;
     std::map<std::string, Value> vals_;
     std::map<std::string, int> uses_;  ///< how many node inputs (and graph outputs) read each value
+    std::map<std::string, int> producer_;  ///< the node that writes each value
     const ::onnx::NodeProto* node_ = nullptr;
+
+    /// The dtype a Cast node converts to (nullopt for a dtype kiln lacks).
+    static std::optional<DType> cast_target(const ::onnx::NodeProto& c) {
+        if (c.op_type() != "Cast") return std::nullopt;
+        for (const auto& a : c.attribute())
+            if (a.name() == "to") return dtype_of(static_cast<int>(a.i()));
+        return std::nullopt;
+    }
+
+    /// A bf16 / f16 op as ONNX writers spell it (kiln's exporter among them: ONNX has few kernels
+    /// for the narrow types): Cast to float, one op in float, Cast back. Node i is that op when each
+    /// operand is a Cast to float of a value of the narrow type (or a known number the narrow type
+    /// holds exactly, or a reduction's axes) and its one reader is the Cast back. Run on the narrow
+    /// values instead: kiln computes a bf16 / f16 op in float and rounds once, the same numbers, and
+    /// the program keeps kiln's own form (a bias add that a GEMM's epilogue takes, no cast pairs
+    /// between the fused ops). nullopt where node i is not such an op (it then runs as written).
+    std::optional<Tensor> narrow_op(int i, const std::vector<Value>& in) {
+        static const std::set<std::string> ops = {"Add",  "Sub",  "Mul",     "Div",        "Neg",       "Abs",       "Exp",      "Log",
+                                                  "Sqrt", "Reciprocal", "Sin", "Cos",  "Tanh",      "Erf",       "Sigmoid",  "Relu",
+                                                  "Max",  "Min",  "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"};
+        const ::onnx::NodeProto& n = g_.node(i);
+        if (!ops.count(n.op_type()) || n.output_size() != 1 || in.empty()) return std::nullopt;
+        const int j = sole_reader(n.output(0), i);
+        const std::optional<DType> t = j >= 0 ? cast_target(g_.node(j)) : std::nullopt;
+        if (!t || (*t != DType::bf16 && *t != DType::f16)) return std::nullopt;
+        std::vector<Value> narrow(in.size());
+        bool any = false;
+        for (int k = 0; k < n.input_size(); ++k) {
+            const std::size_t kk = static_cast<std::size_t>(k);
+            if (!in[kk].defined()) continue;
+            const auto p = producer_.find(n.input(k));
+            const ::onnx::NodeProto* c = p != producer_.end() && p->second < i ? &g_.node(p->second) : nullptr;
+            if (c && cast_target(*c) == DType::f32 && c->input_size() == 1) {
+                const auto v = vals_.find(c->input(0));
+                if (v != vals_.end() && v->second.defined() && v->second.t.dtype() == *t) {
+                    narrow[kk] = v->second;
+                    any = true;
+                    continue;
+                }
+            }
+            const Tensor& x = in[kk].t;
+            const bool axes = k == 1 && n.op_type().rfind("Reduce", 0) == 0 && x.dtype() == DType::i64;
+            bool number = false;
+            if (in[kk].known && x.numel() == 1 && is_floating(x.dtype())) {
+                const trace::ActiveScope host(nullptr);  // a known value: read on the host, not traced
+                number = x.to(*t).to(DType::f64).item<double>() == x.to(DType::f64).item<double>();
+            }
+            if (!in[kk].known || !(axes || number)) return std::nullopt;
+            narrow[kk] = in[kk];
+        }
+        if (!any) return std::nullopt;
+        const std::vector<Tensor> out = apply(n, narrow);
+        if (out.size() != 1 || !out[0].defined() || out[0].dtype() != *t) return std::nullopt;  // (its nodes are dead code)
+        return out[0];
+    }
 
     /// What a Conv may absorb from the nodes after it: Conv -> Relu, Conv -> Add(z) [-> Relu], with z
     /// computed already; conv2d's fused residual and activation (one cuDNN call where cuDNN runs
