@@ -227,6 +227,12 @@ TEST_CASE("eager row composites (softmax, log_softmax, layer_norm, rms_norm) run
     CHECK(yb.dtype() == DType::f32);  // bf16 x with f32 weight promotes, as the statements do
     CHECK(maxdiff(yb, rows_ref(xb, norm_row(false, 1e-5))) < 1e-4);
     calls += 3;
+    // an expression operand (softmax(scores * scale), layer_norm(x + residual)) is evaluated once,
+    // then the composite's program
+    const Tensor s = kiln::randn({130, 96});
+    CHECK(maxdiff(kiln::softmax(s * 0.5 + 1, -1), rows_ref(Tensor(s * 0.5 + 1), softmax_row(false))) < 1e-6);
+    CHECK(maxdiff(kiln::layer_norm(s + s, 1, w, b, 1e-5), rows_ref(Tensor(s + s), norm_row(false, 1e-5))) < 1e-4);
+    calls += 2;
     const kiln::detail::RowCompositeStats after = kiln::detail::row_composite_stats();
     if (std::getenv("KILN_EAGER_COMPOSITES") && std::string(std::getenv("KILN_EAGER_COMPOSITES")) == "0") {
         CHECK(after.calls == before.calls);

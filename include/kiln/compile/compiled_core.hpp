@@ -5,10 +5,12 @@
 // compiled once (compiled_core_impl.hpp; once per program under KILN_SEPARATE_COMPILATION).
 #pragma once
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/compile/options.hpp"
@@ -53,7 +55,7 @@ private:
 /// run as one compiled program: one CompiledCore per op, arguments, dtype, device, rank and
 /// layout, process-wide (a size that changes becomes a dynamic dim of that program, so a model's
 /// eager calls compile each composite once or twice). nullopt where it runs eagerly after all
-/// (KILN_EAGER_COMPOSITES=0, or the recompile limit).
+/// (the recompile limit).
 KILN_DECL std::optional<Tensor> run_row_composite(const RowCompositeCall& c, const std::source_location& loc);
 /// What run_row_composite did: calls its programs ran, and programs compiled (recompiles included).
 struct RowCompositeStats {
@@ -61,8 +63,12 @@ struct RowCompositeStats {
 };
 KILN_DECL RowCompositeStats row_composite_stats();
 /// Makes the ops' row composites run through run_row_composite (a function pointer: the ops layer
-/// cannot include this one).
-inline const bool row_composites_compiled = (row_composite_runner() = &run_row_composite, true);
+/// cannot include this one), unless KILN_EAGER_COMPOSITES=0.
+inline const bool row_composites_compiled = [] {
+    const char* e = std::getenv("KILN_EAGER_COMPOSITES");
+    if (!(e && std::string_view(e) == "0")) row_composite_runner() = &run_row_composite;
+    return true;
+}();
 
 }  // namespace kiln::detail
 

@@ -425,11 +425,6 @@ inline RowComposites& row_composites() {
     return rc;
 }
 KILN_DECL std::optional<Tensor> run_row_composite(const RowCompositeCall& c, const std::source_location& loc) {
-    static const bool enabled = [] {
-        const char* e = std::getenv("KILN_EAGER_COMPOSITES");
-        return !(e && std::string_view(e) == "0");
-    }();
-    if (!enabled) return std::nullopt;
     // one program per key: what the guards would otherwise recompile for (dtype, device, rank,
     // layout), so each program sees only sizes change (they become dynamic dims)
     const Tensor* operands[] = {&c.x, &c.weight, &c.bias};

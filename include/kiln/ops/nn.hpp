@@ -42,15 +42,33 @@ inline std::optional<Tensor> eager_row_composite(const RowCompositeCall& c, cons
 /// Whether axis names a dim of a tensor of rank r (a composite with a bad axis takes its
 /// statements, whose reduction raises the error).
 inline bool axis_ok(std::int64_t axis, int r) { return r >= 1 && axis >= -r && axis < r; }
+/// Whether a composite of expression x (softmax(scores * scale), layer_norm(x + residual)) runs
+/// as x evaluated once, then the composite's compiled program: a valid expression of a floating
+/// dtype over concrete tensors that autograd need not record, with the runner set. Its statements
+/// would read x's operands once per pass (3 for softmax) and evaluate x in each; this reads them
+/// once and writes x (as torch's eager does), then one row kernel. The value of x is rounded to
+/// its dtype first, as in torch's eager (for f32 the same numbers).
+template <class X> bool eager_composite_of_expr(const X& x) {
+    if constexpr (std::is_same_v<X, Tensor> || !IsExprNode<X>::value) {
+        return false;
+    } else {
+        if (!row_composite_runner() || trace::Tracer::active() != nullptr || !x.info.ok() || !is_floating(x.info.dtype)) return false;
+        const expr::Flat f = expr::flatten(x);
+        return !expr::any_traced(f) && !autograd::detail::needs_grad(f);
+    }
+}
 
 }  // namespace detail
 
 /// exp(x - max) / sum(exp(x - max)) along axis.
 template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("softmax", loc);
-    if constexpr (std::is_same_v<X, Tensor>)
+    if constexpr (std::is_same_v<X, Tensor>) {
         if (detail::axis_ok(axis, x.rank()))
             if (auto y = detail::eager_row_composite({detail::RowComposite::softmax, axis, 0, x, {}, {}}, loc)) return std::move(*y);
+    } else if (detail::eager_composite_of_expr(x) && detail::axis_ok(axis, x.info.shape.rank())) {
+        return softmax(Tensor(x, loc), axis, loc);
+    }
     const Tensor m = detail::row_max(x, axis, loc);
     const Tensor s = sum(exp(x - m), axis, true, loc);
     return Tensor(exp(x - m) / s, loc);
@@ -59,9 +77,12 @@ template <class X> Tensor softmax(const X& x, std::int64_t axis = -1, Loc loc = 
 /// x - max - log(sum(exp(x - max))) along axis.
 template <class X> Tensor log_softmax(const X& x, std::int64_t axis = -1, Loc loc = Loc::current()) {
     const detail::UserOpScope scope("log_softmax", loc);
-    if constexpr (std::is_same_v<X, Tensor>)
+    if constexpr (std::is_same_v<X, Tensor>) {
         if (detail::axis_ok(axis, x.rank()))
             if (auto y = detail::eager_row_composite({detail::RowComposite::log_softmax, axis, 0, x, {}, {}}, loc)) return std::move(*y);
+    } else if (detail::eager_composite_of_expr(x) && detail::axis_ok(axis, x.info.shape.rank())) {
+        return log_softmax(Tensor(x, loc), axis, loc);
+    }
     const Tensor m = detail::row_max(x, axis, loc);
     const Tensor lse = Tensor(log(sum(exp(x - m), axis, true, loc)) + m, loc);
     return Tensor(x - lse, loc);
@@ -85,9 +106,12 @@ Tensor layer_norm(const X& x, int normalized_dims = 1, const Tensor& weight = {}
             detail::fail<ShapeError>("layer_norm", std::string(p == &weight ? "weight" : "bias") + " of shape " +
                                                        p->shape().str() + " does not match the normalized dims of " + s.str(), loc);
     }
-    if constexpr (std::is_same_v<X, Tensor>)
+    if constexpr (std::is_same_v<X, Tensor>) {
         if (auto y = detail::eager_row_composite({detail::RowComposite::layer_norm, normalized_dims, eps, x, weight, bias}, loc))
             return std::move(*y);
+    } else if (detail::eager_composite_of_expr(x) && !autograd::detail::needs_grad({&weight, &bias})) {
+        return layer_norm(Tensor(x, loc), normalized_dims, weight, bias, eps, loc);
+    }
     std::vector<std::int64_t> axes;
     for (int d = s.rank() - normalized_dims; d < s.rank(); ++d) axes.push_back(d);
     const Tensor mu = mean(x, axes, true, loc);
@@ -123,8 +147,11 @@ Tensor rms_norm(const X& x, const Shape& normalized_shape, const Tensor& weight 
     if (weight.defined() && !is_floating(weight.dtype()))
         detail::fail<DTypeError>("rms_norm", "weight must be floating, got " + std::string(dtype_name(weight.dtype())), loc);
     const double e = eps ? *eps : dt == DType::f64 ? 0x1p-52 : dt == DType::f16 ? 0x1p-10 : dt == DType::bf16 ? 0x1p-7 : 0x1p-23;
-    if constexpr (std::is_same_v<X, Tensor>)
+    if constexpr (std::is_same_v<X, Tensor>) {
         if (auto y = detail::eager_row_composite({detail::RowComposite::rms_norm, nd, e, x, weight, {}}, loc)) return std::move(*y);
+    } else if (detail::eager_composite_of_expr(x) && !autograd::detail::needs_grad({&weight})) {
+        return rms_norm(Tensor(x, loc), normalized_shape, weight, eps, loc);
+    }
     std::vector<std::int64_t> axes;
     for (int d = s.rank() - nd; d < s.rank(); ++d) axes.push_back(d);
     const DType st = dt == DType::f64 ? DType::f64 : DType::f32;  // the statistic's dtype
