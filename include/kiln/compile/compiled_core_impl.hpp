@@ -4,21 +4,21 @@
 // Included at the end of kiln/compile/compiled_core.hpp (in header-only mode, or by kiln/src.hpp), never on its own.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <chrono>
-#include <cstdlib>
-#include <map>
+#include <compare>
 #include <condition_variable>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <sstream>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "kiln/cache/guards.hpp"
@@ -412,10 +412,27 @@ KILN_DECL std::string CompiledCore::report() const { return cache_->report(); }
 KILN_DECL bool CompiledCore::fell_back_to_eager() const { return cache_->fell_back_to_eager(); }
 
 // ------------------------------------------------------------------ row composites run eagerly
-/// The programs of run_row_composite, by key, and its counts.
+/// The programs of run_row_composite, by key, and its counts. A key holds what the guards would
+/// otherwise recompile for (dtype, device, rank, layout of each operand), so each program sees only
+/// sizes change (they become dynamic dims); compared as plain values (this runs on every call).
+struct RowCompositeKey {
+    struct Operand {
+        bool defined = false;
+        DType dtype = DType::f32;
+        Device device{};
+        int rank = 0;
+        bool contiguous = false;
+        auto operator<=>(const Operand&) const = default;
+    };
+    RowComposite op{};
+    std::int64_t axis = 0;
+    std::uint64_t eps_bits = 0;
+    std::array<Operand, 3> operands{};  ///< x, weight, bias
+    auto operator<=>(const RowCompositeKey&) const = default;
+};
 struct RowComposites {
     std::mutex mu;
-    std::map<std::string, std::shared_ptr<CompiledCore>> programs;
+    std::map<RowCompositeKey, std::shared_ptr<CompiledCore>> programs;
     std::atomic<std::int64_t> calls{0};
 };
 inline RowComposites& row_composites() {
@@ -425,15 +442,11 @@ inline RowComposites& row_composites() {
     return rc;
 }
 KILN_DECL std::optional<Tensor> run_row_composite(const RowCompositeCall& c, const std::source_location& loc) {
-    // one program per key: what the guards would otherwise recompile for (dtype, device, rank,
-    // layout), so each program sees only sizes change (they become dynamic dims)
     const Tensor* operands[] = {&c.x, &c.weight, &c.bias};
-    std::string key = std::to_string(static_cast<int>(c.op)) + ":" + std::to_string(c.axis) + ":" + std::to_string(std::bit_cast<std::uint64_t>(c.eps));
-    for (const Tensor* t : operands) {
-        key += '|';
-        if (!t->defined()) continue;
-        key += std::string(dtype_name(t->dtype())) + "," + t->device().str() + "," + std::to_string(t->rank()) + (t->is_contiguous() ? "c" : "s");
-    }
+    RowCompositeKey key{c.op, c.axis, std::bit_cast<std::uint64_t>(c.eps), {}};
+    for (std::size_t i = 0; i < 3; ++i)
+        if (const Tensor& t = *operands[i]; t.defined())
+            key.operands[i] = {true, t.dtype(), t.device(), t.rank(), t.is_contiguous()};
     RowComposites& rc = row_composites();
     std::shared_ptr<CompiledCore> core;
     {
