@@ -334,7 +334,7 @@ TEST_CASE("gather / scatter / scatter_add kernels compile for every mode, dtype,
     CHECK(compile_all(src, {90}) == src.size());
 }
 
-TEST_CASE("every variant of the library kernel registry (im2col, max_pool, gather_rows) compiles") {
+TEST_CASE("every variant of the library kernel registry (im2col, max_pool, gather_rows, attention) compiles") {
     TempCache tc;
     std::vector<cache::KernelSource> src;
     std::set<std::string> names;
@@ -342,7 +342,7 @@ TEST_CASE("every variant of the library kernel registry (im2col, max_pool, gathe
         src.push_back({k.source, k.name, {}});
         names.insert(k.name);
     }
-    CHECK(src.size() == 26);  // im2col 8, gather_rows 4, max_pool 8, col2im 4, dropout_mask, rng_advance
+    CHECK(src.size() == 41);  // im2col 8, gather_rows 4, max_pool 8, col2im 4, dropout_mask, rng_advance, attention 15
     CHECK(names.size() == src.size());  // each variant its own kernel name (the cache keys on the text, logs on the name)
     CHECK(compile_all(src) == src.size());
 }

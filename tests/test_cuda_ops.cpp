@@ -714,3 +714,109 @@ TEST_CASE("cuda: kiln::compile of the new ops matches eager, op by op" * doctest
         }
     }
 }
+
+namespace {
+/// softmax(q k^T / sqrt(D) [mask]) v in float64 loops; q (B, H, Sq, D), k and v (B, H, Sk, D), mask
+/// (kind 1: bool, 2: additive) of (B, H, Sq, Sk) values; a row with every key masked is NaN.
+std::vector<double> ref_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& mask_in, int kind) {
+    const Tensor q = q_in.cpu().to(DType::f64).contiguous(), k = k_in.cpu().to(DType::f64).contiguous(),
+                 v = v_in.cpu().to(DType::f64).contiguous();
+    const std::int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
+    const Tensor m = kind == 0 ? Tensor() : mask_in.cpu().to(DType::f64).expand({B, H, Sq, Sk}).contiguous();
+    std::vector<double> out(static_cast<std::size_t>(B * H * Sq * D));
+    const double* Q = q.data<double>();
+    const double* K = k.data<double>();
+    const double* V = v.data<double>();
+    for (std::int64_t bh = 0; bh < B * H; ++bh)
+        for (std::int64_t i = 0; i < Sq; ++i) {
+            std::vector<double> p(static_cast<std::size_t>(Sk));
+            double mx = -INFINITY;
+            for (std::int64_t j = 0; j < Sk; ++j) {
+                double s = 0;
+                for (std::int64_t d = 0; d < D; ++d) s += Q[(bh * Sq + i) * D + d] * K[(bh * Sk + j) * D + d];
+                s /= std::sqrt(static_cast<double>(D));
+                if (kind != 0) {
+                    const double mv = m.data<double>()[(bh * Sq + i) * Sk + j];
+                    s = kind == 1 ? (mv != 0 ? s : -INFINITY) : s + mv;
+                }
+                p[static_cast<std::size_t>(j)] = s;
+                mx = std::max(mx, s);
+            }
+            double z = 0;
+            for (double& x : p) z += (x = std::exp(x - mx));
+            for (std::int64_t d = 0; d < D; ++d) {
+                double o = 0;
+                for (std::int64_t j = 0; j < Sk; ++j) o += p[static_cast<std::size_t>(j)] / z * V[(bh * Sk + j) * D + d];
+                out[static_cast<std::size_t>((bh * Sq + i) * D + d)] = mx == -INFINITY ? NAN : o;
+            }
+        }
+    return out;
+}
+/// The largest |got - ref| over max |ref|, or infinity where got and ref disagree on NaN.
+double rel_err_nan(const Tensor& got_in, const std::vector<double>& ref) {
+    const Tensor got = got_in.cpu().to(DType::f64).contiguous();
+    REQUIRE(static_cast<std::size_t>(got.numel()) == ref.size());
+    double m = 0, scale = 1e-30;
+    for (double r : ref)
+        if (!std::isnan(r)) scale = std::max(scale, std::abs(r));
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        const double g = got.data<double>()[i];
+        if (std::isnan(g) != std::isnan(ref[i])) return INFINITY;
+        if (!std::isnan(g)) m = std::max(m, std::abs(g - ref[i]));
+    }
+    return m / scale;
+}
+}  // namespace
+
+TEST_CASE("cuda: scaled_dot_product_attention in one kernel (rows in f32, tensor cores in f16/bf16) matches float64" *
+          doctest::skip(kiln_test::no_cuda())) {
+    manual_seed(31);
+    struct Case {
+        std::int64_t B, H, Sq, Sk, D;
+    };
+    // BERT's heads at batch 1 and over several tiles; cross attention (Sq != Sk, a partial key
+    // tile); head dims padded to 16 (40), the largest (128), and small (8)
+    // tiles (70 rows, 64 keys: two of each in f32); an odd head dim (7: no vector loads)
+    for (const Case c : {Case{1, 12, 8, 8, 64}, Case{2, 3, 130, 130, 64}, Case{2, 2, 5, 70, 32}, Case{1, 2, 65, 9, 40},
+                         Case{1, 1, 3, 200, 128}, Case{2, 2, 17, 17, 8}, Case{1, 2, 70, 64, 64}, Case{2, 2, 17, 19, 7}})
+        for (DType dt : {DType::f32, DType::f16, DType::bf16})
+            for (int kind : {0, 1, 2, 3}) {  // no mask, bool (B, 1, 1, Sk), additive (B, 1, 1, Sk), bool (B, H, Sq, Sk) with a row all masked
+                INFO("B " << c.B << " H " << c.H << " Sq " << c.Sq << " Sk " << c.Sk << " D " << c.D << " " << dtype_name(dt) << " mask kind " << kind);
+                // q as a strided head view of (B, Sq, H, D) memory, k and v of one packed (B, Sk, 2, H, D) tensor
+                const Tensor qd = cu(randn({c.B, c.Sq, c.H, c.D}).to(dt)).permute({0, 2, 1, 3});
+                const Tensor kv = cu(randn({c.B, c.Sk, 2, c.H, c.D}).to(dt));
+                const Tensor kd = kv.select(2, 0).permute({0, 2, 1, 3}), vd = kv.select(2, 1).permute({0, 2, 1, 3});
+                Tensor mask;
+                if (kind == 1 || kind == 2) {
+                    Tensor keep = Tensor(rand({c.B, 1, 1, c.Sk}) < 0.7);
+                    keep.at<bool>({0, 0, 0, 0}) = true;
+                    mask = kind == 1 ? keep : Tensor(where(keep, 0.0, -10000.0)).to(dt == DType::f32 ? DType::f32 : dt);
+                } else if (kind == 3) {
+                    mask = Tensor(rand({c.B, c.H, c.Sq, c.Sk}) < 0.6);
+                    for (std::int64_t j = 0; j < c.Sk; ++j) mask.at<bool>({0, 0, 0, j}) = false;
+                }
+                const int rkind = kind == 3 ? 1 : kind;
+                const std::vector<double> ref = ref_attention(qd, kd, vd, mask, rkind);
+                const Tensor md = mask.defined() ? cu(mask) : Tensor();
+                const Tensor got = nn::scaled_dot_product_attention(qd, kd, vd, md);
+                const double tol = dt == DType::f32 ? 2e-5 : dt == DType::f16 ? 4e-3 : 3e-2;
+                CHECK(rel_err_nan(got, ref) < tol);
+                // the one-kernel path leaves the heads in (B, Sq, H, D) memory: merging them is a view
+                // (f32 takes one thread per query row, up to 64 keys; f16/bf16 tensor cores up to D = 128)
+                const bool fused = dt != DType::f32 || (c.D <= 64 && c.Sk <= 64);
+                CHECK(got.permute({0, 2, 1, 3}).is_contiguous() == (fused || c.H == 1));
+                // compiled: the same kernel, the same numbers
+                auto f = compile([&](const Tensor& a, const Tensor& b, const Tensor& v) { return nn::scaled_dot_product_attention(a, b, v, md); });
+                if (fused) CHECK(equal(f(qd, kd, vd), got));
+                else CHECK(rel_err_nan(f(qd, kd, vd), ref) < tol);
+                CHECK(f.graph_breaks().empty());  // the kernel's choices never read a traced value
+            }
+    // a gradient: the decomposition, and its gradient flows
+    Tensor q = cu(randn({1, 2, 5, 16})), k = cu(randn({1, 2, 5, 16})), v = cu(randn({1, 2, 5, 16}));
+    q.requires_grad_();
+    const Tensor y = nn::scaled_dot_product_attention(q, k, v);
+    CHECK(!y.permute({0, 2, 1, 3}).is_contiguous());
+    sum(y * y).backward();
+    CHECK(q.grad().defined());
+    CHECK(rel_err_nan(Tensor(y.detach()), ref_attention(q.detach(), k, v, Tensor(), 0)) < 2e-5);
+}

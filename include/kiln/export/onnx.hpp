@@ -426,6 +426,20 @@ public:
             return y;
         }
         if (op.name == "max_pool2d") return nhwc(node("MaxPool", {nchw(in(0))}, window));
+        if (op.name == "attention") {  // q, k, v (B, H, S, D)[, mask] -> (B, Sq, H, D); f16/bf16 computed in f32 as the kernel does
+            const DType dt = n.dtype, ct = dt == DType::f16 || dt == DType::bf16 ? DType::f32 : dt;
+            auto up = [&](std::size_t k) { return cast(in(k), g[n.in[k]].dtype, ct); };
+            const std::string kt = node("Transpose", {up(1)}, [](::onnx::NodeProto& p) { attr_ints(p, "perm", {0, 1, 3, 2}); });
+            const double scale = 1.0 / std::sqrt(static_cast<double>(g[n.in[0]].shape[3]));
+            std::string s = node("Mul", {node("MatMul", {up(0), kt}), scalar(scale, ct)});
+            if (n.in.size() > 3) {
+                const DType md = g[n.in[3]].dtype;
+                s = md == DType::boolean ? node("Where", {in(3), s, scalar(-INFINITY, ct)}) : node("Add", {s, up(3)});
+            }
+            const std::string p = node("Softmax", {s}, [](::onnx::NodeProto& x) { attr_i(x, "axis", -1); });
+            const std::string o = node("Transpose", {node("MatMul", {p, up(2)})}, [](::onnx::NodeProto& x) { attr_ints(x, "perm", {0, 2, 1, 3}); });
+            return cast(o, ct, dt);
+        }
         if (op.name == "embedding") return node("Gather", {in(0), in(1)}, [](::onnx::NodeProto& p) { attr_i(p, "axis", 0); });
         if (op.name == "gather") return node("GatherElements", {in(0), in(1)}, [&](::onnx::NodeProto& p) { attr_i(p, "axis", attr("dim")); });
         if (op.name == "scatter" || op.name == "scatter_add" || op.name == "scatter_value") {

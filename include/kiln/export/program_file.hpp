@@ -38,6 +38,7 @@ inline void register_builtin_library_ops() {
         nn::detail::register_conv2d();
         nn::detail::register_max_pool2d();
         nn::detail::register_embedding();
+        nn::detail::register_attention();
         return true;
     }();
     (void)done;

@@ -185,6 +185,15 @@ KILN_DECL std::shared_ptr<ir::CallOp> embedding_op(const Loc& loc);
 /// Registers embedding's library-op factory (called by export/program_file.hpp).
 KILN_DECL void register_embedding();
 
+/// scaled_dot_product_attention of concrete (B, H, Sq, D) operands {q, k, v[, mask]} as a (B, Sq, H,
+/// D) contiguous tensor: one kernel on CUDA where cuda::detail::attention_signature takes them,
+/// else the decomposition.
+KILN_DECL Tensor attention_now(const std::vector<Tensor>& in, const Loc& loc);
+/// The library op "attention" (operands {q, k, v} or {q, k, v, mask}; result (B, Sq, H, D)).
+KILN_DECL std::shared_ptr<ir::CallOp> attention_op(const Loc& loc);
+/// Registers attention's library-op factory (called by export/program_file.hpp).
+KILN_DECL void register_attention();
+
 }  // namespace detail
 
 /// Rows of `weight` (num, dim) picked by integer `ids` of any shape: the result has shape
@@ -203,10 +212,14 @@ struct Embedding {
     template <class F> void visit(const std::string& prefix, F&& f) { f(prefix + "weight", weight); }
 };
 
-/// softmax(q k^T * scale + mask) v over (..., S, D) operands: one batched GEMM, one fused row
-/// kernel for the scaled, masked softmax, one batched GEMM. `mask` (optional) broadcasts to the
-/// scores (..., S_q, S_k): a bool mask keeps the positions where it is true (like torch's
-/// scaled_dot_product_attention), a float mask is added.
+/// softmax(q k^T * scale + mask) v over (..., S, D) operands, scale 1/sqrt(D). `mask` (optional)
+/// broadcasts to the scores (..., S_q, S_k): a bool mask keeps the positions where it is true (like
+/// torch's scaled_dot_product_attention), a float mask is added. On CUDA, (B, H, S, D) operands in
+/// f32 (D <= 64), f16 or bf16 (D <= 128) that need no gradient run as one kernel (the library op
+/// "attention": scores and softmax in f32, never in memory; the result is a (B, H, Sq, D) view of
+/// (B, Sq, H, D) memory, so merging the heads after it copies nothing); KILN_FUSED_ATTENTION=0 turns
+/// that off. Otherwise one batched GEMM, one fused row kernel for the scaled, masked softmax, one
+/// batched GEMM.
 KILN_DECL Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
                                              Loc loc = Loc::current());
 

@@ -3,11 +3,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kiln/backends/cuda/attention.hpp"
 #include "kiln/backends/cuda/gather.hpp"
 #include "kiln/backends/cuda/matmul.hpp"
 #include "kiln/backends/cuda/rng.hpp"
@@ -163,10 +165,8 @@ KILN_DECL Tensor embedding(const Tensor& weight, const Tensor& ids, Loc loc) {
 KILN_DECL Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Init o)
     : weight(randn({num_embeddings, embedding_dim}).to(o.dtype).to(o.device)) {}
 
-KILN_DECL Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, Loc loc) {
-    if (q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank() || q.size(-1) != k.size(-1) || k.size(-2) != v.size(-2))
-        kiln::detail::fail<ShapeError>("scaled_dot_product_attention", "q " + q.shape().str() + ", k " + k.shape().str() +
-                                                                           " and v " + v.shape().str() + " do not fit together", loc);
+namespace detail {
+KILN_DECL Tensor attention_decomposed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Loc& loc) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const Tensor scores = kiln::matmul(q, k.transpose(-2, -1), loc);
     Tensor p;
@@ -174,6 +174,51 @@ KILN_DECL Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, 
     else if (mask.dtype() == DType::boolean) p = softmax(where(mask, scores * scale, -INFINITY), -1, loc);
     else p = softmax(scores * scale + mask, -1, loc);
     return kiln::matmul(p.to(v.dtype(), loc), v, loc);
+}
+
+KILN_DECL bool fused_attention_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("KILN_FUSED_ATTENTION");
+        return !(e && std::string(e) == "0");
+    }();
+    return on;
+}
+
+KILN_DECL Tensor attention_now(const std::vector<Tensor>& in, const Loc& loc) {
+    const Tensor mask = in.size() > 3 ? in[3] : Tensor();
+    cuda::detail::AttentionSignature sig;
+    if (cuda::detail::attention_signature(in[0], in[1], in[2], mask, sig))
+        return cuda::detail::run_attention(sig, in[0], in[1], in[2], mask, 1.0 / std::sqrt(static_cast<double>(in[0].size(3))));
+    return attention_decomposed(in[0], in[1], in[2], mask, loc).permute({0, 2, 1, 3}, loc).contiguous();
+}
+
+KILN_DECL std::shared_ptr<ir::CallOp> attention_op(const Loc& loc) {
+    auto call = std::make_shared<ir::CallOp>();
+    call->key = "attention";
+    call->name = "attention";
+    call->shape = [](const std::vector<Shape>& s) { return Shape{s[0][0], s[0][2], s[0][1], s[2][3]}; };
+    call->run = [loc](const std::vector<Tensor>& in) { return attention_now(in, loc); };
+    return call;
+}
+
+KILN_DECL void register_attention() {
+    ir::register_library_op("attention", [](const ir::CallAttrs&) -> std::shared_ptr<const ir::CallOp> { return attention_op(Loc::current()); });
+}
+}  // namespace detail
+
+KILN_DECL Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, Loc loc) {
+    if (q.rank() < 2 || k.rank() != q.rank() || v.rank() != q.rank() || q.size(-1) != k.size(-1) || k.size(-2) != v.size(-2))
+        kiln::detail::fail<ShapeError>("scaled_dot_product_attention", "q " + q.shape().str() + ", k " + k.shape().str() +
+                                                                           " and v " + v.shape().str() + " do not fit together", loc);
+    cuda::detail::AttentionSignature sig;
+    if (detail::fused_attention_on() && !autograd::detail::needs_grad({&q, &k, &v, &mask}) &&
+        cuda::detail::attention_signature(q, k, v, mask, sig)) {
+        std::vector<Tensor> in{q, k, v};
+        if (mask.defined()) in.push_back(mask);
+        // (B, Sq, H, D) memory seen as (B, H, Sq, D)
+        return trace::call_op(detail::attention_op(loc), in, q.dtype(), loc).permute({0, 2, 1, 3}, loc);
+    }
+    return detail::attention_decomposed(q, k, v, mask, loc);
 }
 
 KILN_DECL MultiheadAttention::MultiheadAttention(std::int64_t embed, std::int64_t heads, Init o)

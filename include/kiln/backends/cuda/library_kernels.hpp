@@ -9,6 +9,9 @@
 //   col2im_kernel       the gradient of im2col: each input element sums the columns that read it
 //   dropout_mask_kernel dropout's keep mask from Philox4x32-10, counters read from a device offset
 //   rng_advance_kernel  moves that device offset on (a second launch, so every block read it first)
+//   attention_kernel    scaled_dot_product_attention in one pass (scores, mask, online softmax, PV),
+//                       tensor cores (mma.sync) for f16/bf16 on sm_80+, one thread per query row
+//                       otherwise
 #pragma once
 
 #include <cstddef>
@@ -188,6 +191,285 @@ inline KernelText rng_advance_kernel() {
     return k;
 }
 
+/// What an attention kernel's text depends on. mask: 0 none, 1 bool (false masks out), 2 additive
+/// (mask_dtype). mma: the tensor-core variant (f16/bf16, sm_80+), head_dim padded to 16 there.
+struct AttentionSignature {
+    DType dtype = DType::f32;  ///< q, k, v and the output
+    int head_dim = 64;         ///< D of q, k and v (1..128 with mma, 1..64 without)
+    int mask = 0;
+    DType mask_dtype = DType::f32;
+    bool mma = false;
+    /// q, k and v are read in 16-byte vectors: unit stride along D, the other strides and the
+    /// addresses multiples of 16 bytes, D a multiple of the vector
+    bool vec = false;
+    std::string key() const {
+        return std::string(dtype_name(dtype)) + "_d" + std::to_string(head_dim) + "_m" + std::to_string(mask) +
+               (mask == 2 ? std::string(dtype_name(mask_dtype)) : std::string()) + (mma ? "_mma" : "_rows") + (vec ? "_v" : "");
+    }
+};
+
+/// Attention for q (B, H, Sq, D), k and v (B, H, Sk, D), any strides (in elements, parameters), an
+/// optional mask read at (b, h, i, j) through four strides (0 where it broadcasts), into out (B, Sq,
+/// H, D) contiguous: out = softmax(q k^T * scale [+ mask | where mask]) v, scores and the softmax in
+/// f32 (f64 never comes here), one pass over the keys with a running max (no scores in memory). A
+/// row whose keys are all masked gives NaN, as softmax over -inf does. Blocks cover (b, h, a tile
+/// of 64 query rows), b slowest.
+inline KernelText attention_kernel(const AttentionSignature& s) {
+    const bool half = s.dtype == DType::f16 || s.dtype == DType::bf16;
+    const char* T = half ? "unsigned short" : "float";
+    const int D = s.head_dim;
+    KernelText k;
+    k.name = "kiln_attention_" + s.key();
+    std::string src = "typedef " + std::string(T) + " T;\n";
+    if (s.mask == 1) src += "typedef unsigned char M;\n";
+    else if (s.mask == 2) src += std::string("typedef ") + (s.mask_dtype == DType::f32 ? "float" : s.mask_dtype == DType::f64 ? "double" : "unsigned short") + " M;\n";
+    else src += "typedef unsigned char M;\n";
+    // element loads and stores in f32
+    auto ld_fn = [](DType d, const char* name, const char* type) {
+        std::string f = "__device__ __forceinline__ float " + std::string(name) + "(" + type + " x) { ";
+        if (d == DType::bf16) f += "return __uint_as_float(((unsigned)x) << 16); }\n";
+        else if (d == DType::f16) f += "float r; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(r) : \"h\"(x)); return r; }\n";
+        else f += "return (float)x; }\n";
+        return f;
+    };
+    src += ld_fn(s.dtype, "ld", T);
+    if (s.mask == 2) src += ld_fn(s.mask_dtype, "ldm", s.mask_dtype == DType::f32 ? "float" : s.mask_dtype == DType::f64 ? "double" : "unsigned short");
+    if (s.dtype == DType::bf16)
+        src += "__device__ __forceinline__ T st(float x) { unsigned short r; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(r) : \"f\"(x)); return r; }\n"
+               "__device__ __forceinline__ unsigned pack2(float lo, float hi) { unsigned r; asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }\n";
+    else if (s.dtype == DType::f16)
+        src += "__device__ __forceinline__ T st(float x) { unsigned short r; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(r) : \"f\"(x)); return r; }\n"
+               "__device__ __forceinline__ unsigned pack2(float lo, float hi) { unsigned r; asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }\n";
+    else
+        src += "__device__ __forceinline__ T st(float x) { return x; }\n";
+    // the mask's term of one (row, key) (0 or -inf for a bool mask), read at clamped indices without
+    // a branch: the loads of a tile are issued together, before the products that need them
+    const std::string mask_term =
+        s.mask == 0 ? std::string("0.f")
+                    : std::string(s.mask == 1 ? "(mask[" : "ldm(mask[") +
+                          "b * mb + h * mh + (row < Sq ? row : Sq - 1) * mq + (key < Sk ? key : Sk - 1) * mk]" +
+                          (s.mask == 1 ? " ? 0.f : NEG)" : ")");
+    // the score of one (row, key) with its mask term mv: scaled, masked, -inf past the keys
+    const std::string score = std::string("    x = x * scale") + (s.mask ? " + mv" : "") + ";\n    if (key >= Sk) x = NEG;\n";
+    const std::string params =
+        "(const T* __restrict__ q, const T* __restrict__ kk, const T* __restrict__ v, const M* __restrict__ mask, T* __restrict__ out, "
+        "long long B, long long H, long long Sq, long long Sk, long long qb, long long qh, long long qs, long long qd, "
+        "long long kb, long long kh, long long ks, long long kd, long long vb, long long vh, long long vs, long long vd, "
+        "long long mb, long long mh, long long mq, long long mk, double scale_)";
+    const std::string head =
+        "  const long long tiles = (Sq + 63) / 64, bid = blockIdx.x, tile = bid % tiles, h = (bid / tiles) % H, b = bid / (tiles * H);\n"
+        "  const float scale = (float)scale_;\n"
+        "  const float NEG = -__int_as_float(0x7f800000);\n"
+        "  const T* qp = q + b * qb + h * qh; const T* kp = kk + b * kb + h * kh; const T* vp = v + b * vb + h * vh;\n";
+    if (!s.mma) {
+        // one thread per query row: its q and its output row in registers; 32 keys at a time in
+        // shared memory (read by every thread alike: broadcasts), in chunks of 8 per running max
+        const std::string Ds = std::to_string(D);
+        // the valid keys of the tile into shared memory (f32): 16-byte vectors where the signature says so
+        std::string simt_load;
+        if (s.vec && !half)
+            simt_load = "    for (int i = threadIdx.x; i < nk * (D / 4); i += blockDim.x) {\n"
+                        "      const int j = i / (D / 4), c = (i - j * (D / 4)) * 4;\n"
+                        "      const float4 x = *(const float4*)(kp + (k0 + j) * ks + c), y = *(const float4*)(vp + (k0 + j) * vs + c);\n"
+                        "      Ks[j][c] = x.x; Ks[j][c + 1] = x.y; Ks[j][c + 2] = x.z; Ks[j][c + 3] = x.w;\n"
+                        "      Vs[j][c] = y.x; Vs[j][c + 1] = y.y; Vs[j][c + 2] = y.z; Vs[j][c + 3] = y.w;\n"
+                        "    }\n";
+        else if (s.vec)
+            simt_load = "    for (int i = threadIdx.x; i < nk * (D / 8); i += blockDim.x) {\n"
+                        "      const int j = i / (D / 8), c = (i - j * (D / 8)) * 8;\n"
+                        "      const uint4 x = *(const uint4*)(kp + (k0 + j) * ks + c), y = *(const uint4*)(vp + (k0 + j) * vs + c);\n"
+                        "      const T* xe = (const T*)&x; const T* ye = (const T*)&y;\n"
+                        "      #pragma unroll\n"
+                        "      for (int u = 0; u < 8; ++u) { Ks[j][c + u] = ld(xe[u]); Vs[j][c + u] = ld(ye[u]); }\n"
+                        "    }\n";
+        else
+            simt_load = "    for (int i = threadIdx.x; i < nk * D; i += blockDim.x) {\n"
+                        "      const int j = i / D, d = i - j * D; const long long key = k0 + j;\n"
+                        "      Ks[j][d] = ld(kp[key * ks + d * kd]);\n"
+                        "      Vs[j][d] = ld(vp[key * vs + d * vd]);\n"
+                        "    }\n";
+        src += "extern \"C\" __global__ void __launch_bounds__(64) " + k.name + params + " {\n" + head +
+               "  constexpr int D = " + Ds + ", KT = 32;\n"
+               "  __shared__ float Ks[KT][D], Vs[KT][D];\n"
+               "  const long long row = tile * 64 + threadIdx.x;\n"
+               "  const bool active = row < Sq;\n"
+               "  float qr[D], o[D];\n"
+               "  #pragma unroll\n"
+               "  for (int d = 0; d < D; ++d) { qr[d] = active ? ld(qp[row * qs + d * qd]) : 0.f; o[d] = 0.f; }\n"
+               "  float m = NEG, l = 0.f;\n"
+               "  for (long long k0 = 0; k0 < Sk; k0 += KT) {\n"
+               "    __syncthreads();\n"
+               "    const int nk = (int)(Sk - k0 < KT ? Sk - k0 : KT);\n" + simt_load +
+               "    for (int i = threadIdx.x; i < (KT - nk) * D; i += blockDim.x) Vs[nk + i / D][i % D] = 0.f;  // p is 0 there, V must not be NaN\n"
+               "    __syncthreads();\n"
+               "    if (!active) continue;\n"
+               "    const int n = (int)(Sk - k0 < KT ? Sk - k0 : KT);\n"
+               "    for (int c = 0; c < n; c += 8) {\n"
+               "      float sc[8], mvs[8], cm = NEG;\n"
+               "      #pragma unroll\n"
+               "      for (int j = 0; j < 8; ++j) { const long long key = k0 + c + j; mvs[j] = " + mask_term + "; }\n"
+               "      #pragma unroll\n"
+               "      for (int j = 0; j < 8; ++j) {\n"
+               "        float x = 0.f;\n"
+               "        #pragma unroll\n"
+               "        for (int d = 0; d < D; ++d) x = fmaf(qr[d], Ks[c + j][d], x);\n"
+               "        const long long key = k0 + c + j;\n"
+               "        const float mv = mvs[j];\n" + score +
+               "        sc[j] = x; cm = fmaxf(cm, x);\n"
+               "      }\n"
+               "      const float mn = fmaxf(m, cm), mu = mn == NEG ? 0.f : mn, corr = expf(m - mu);\n"
+               "      m = mn; l *= corr;\n"
+               "      #pragma unroll\n"
+               "      for (int d = 0; d < D; ++d) o[d] *= corr;\n"
+               "      #pragma unroll\n"
+               "      for (int j = 0; j < 8; ++j) {\n"
+               "        const float p = expf(sc[j] - mu);\n"
+               "        l += p;\n"
+               "        #pragma unroll\n"
+               "        for (int d = 0; d < D; ++d) o[d] = fmaf(p, Vs[c + j][d], o[d]);\n"
+               "      }\n"
+               "    }\n"
+               "  }\n"
+               "  if (!active) return;\n"
+               "  const float inv = 1.f / l;\n"
+               "  T* op = out + ((b * Sq + row) * H + h) * D;\n"
+               "  #pragma unroll\n"
+               "  for (int d = 0; d < D; ++d) op[d] = st(o[d] * inv);\n"
+               "}\n";
+        k.source = src;
+        return k;
+    }
+    // tensor cores, as FlashAttention-2 does: 4 warps x 16 query rows; per 64 keys, S = Q K^T by
+    // m16n8k16 MMAs (f32 accumulators), the running max and sum per row (a row's 16 columns sit in
+    // the 4 threads of a quad), then P (its accumulator registers are the A operand's layout,
+    // rounded to T) times V (kept transposed in shared memory) into the output accumulators
+    const int DP = (D + 15) / 16 * 16;
+    const std::string Ds = std::to_string(D), DPs = std::to_string(DP);
+    const std::string mma = std::string("mma.sync.aligned.m16n8k16.row.col.f32.") + (s.dtype == DType::bf16 ? "bf16.bf16" : "f16.f16") + ".f32";
+    src += "__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {\n"
+           "  asm volatile(\"" + mma + " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
+           "               : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3]) : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
+           "}\n"
+           "extern \"C\" __global__ void __launch_bounds__(128) " + k.name + params + " {\n" + head +
+           "  constexpr int D = " + Ds + ", DP = " + DPs + ", KT = 64, KS = DP + 8, VS = KT + 8;\n"
+           "  __shared__ __align__(16) unsigned short Ks[KT * KS];  // Q first (its fragments), then each key tile\n"
+           "  __shared__ __align__(16) unsigned short Vt[DP * VS];  // each value tile, transposed: Vt[d][key]\n"
+           "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+           "  const long long q0 = tile * 64;\n"
+           "  const int nq = (int)(Sq - q0 < 64 ? Sq - q0 : 64);  // rows past it are never written: they may hold anything\n" +
+           (s.vec ? "  for (int i = threadIdx.x; i < nq * (DP / 8); i += 128) {\n"
+                    "    const int r = i / (DP / 8), c = (i - r * (DP / 8)) * 8;\n"
+                    "    *(uint4*)&Ks[r * KS + c] = c < D ? *(const uint4*)(qp + (q0 + r) * qs + c) : make_uint4(0u, 0u, 0u, 0u);\n"
+                    "  }\n"
+                  : "  for (int i = threadIdx.x; i < nq * DP; i += 128) {\n"
+                    "    const int r = i / DP, d = i - r * DP;\n"
+                    "    Ks[r * KS + d] = d < D ? qp[(q0 + r) * qs + d * qd] : (unsigned short)0;\n"
+                    "  }\n") +
+           "  __syncthreads();\n"
+           "  unsigned qa[DP / 16][4];\n"
+           "  #pragma unroll\n"
+           "  for (int c = 0; c < DP / 16; ++c) {\n"
+           "    const int r0 = warp * 16 + g, col = c * 16 + 2 * t;\n"
+           "    qa[c][0] = *(const unsigned*)&Ks[r0 * KS + col];\n"
+           "    qa[c][1] = *(const unsigned*)&Ks[(r0 + 8) * KS + col];\n"
+           "    qa[c][2] = *(const unsigned*)&Ks[r0 * KS + col + 8];\n"
+           "    qa[c][3] = *(const unsigned*)&Ks[(r0 + 8) * KS + col + 8];\n"
+           "  }\n"
+           "  float o[DP / 8][4];\n"
+           "  #pragma unroll\n"
+           "  for (int n = 0; n < DP / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;\n"
+           "  float m[2] = {NEG, NEG}, l[2] = {0.f, 0.f};\n"
+           "  for (long long k0 = 0; k0 < Sk; k0 += KT) {\n"
+           "    __syncthreads();\n"
+           "    const int nk = (int)(Sk - k0 < KT ? Sk - k0 : KT);  // keys past it score -inf; their V must be 0, not NaN\n" +
+           (s.vec ? "    for (int i = threadIdx.x; i < nk * (DP / 8); i += 128) {\n"
+                    "      const int j = i / (DP / 8), c = (i - j * (DP / 8)) * 8;\n"
+                    "      const uint4 z = make_uint4(0u, 0u, 0u, 0u);\n"
+                    "      const uint4 x = c < D ? *(const uint4*)(kp + (k0 + j) * ks + c) : z, y = c < D ? *(const uint4*)(vp + (k0 + j) * vs + c) : z;\n"
+                    "      *(uint4*)&Ks[j * KS + c] = x;\n"
+                    "      const unsigned short* ye = (const unsigned short*)&y;\n"
+                    "      #pragma unroll\n"
+                    "      for (int u = 0; u < 8; ++u) Vt[(c + u) * VS + j] = ye[u];\n"
+                    "    }\n"
+                  : "    for (int i = threadIdx.x; i < nk * DP; i += 128) {\n"
+                    "      const int j = i / DP, d = i - j * DP; const long long key = k0 + j; const bool ok = d < D;\n"
+                    "      Ks[j * KS + d] = ok ? kp[key * ks + d * kd] : (unsigned short)0;\n"
+                    "      Vt[d * VS + j] = ok ? vp[key * vs + d * vd] : (unsigned short)0;\n"
+                    "    }\n") +
+           "    for (int i = threadIdx.x; i < (KT - nk) * DP; i += 128) Vt[(i % DP) * VS + nk + i / DP] = 0;\n"
+           "    __syncthreads();\n"
+           "    float sc[8][4], mvs[8][4];\n"
+           "    #pragma unroll\n"
+           "    for (int n = 0; n < 8; ++n)\n"
+           "      #pragma unroll\n"
+           "      for (int e = 0; e < 4; ++e) {\n"
+           "        const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t + (e & 1);\n"
+           "        mvs[n][e] = " + mask_term + ";\n"
+           "      }\n"
+           "    #pragma unroll\n"
+           "    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;\n"
+           "    #pragma unroll\n"
+           "    for (int c = 0; c < DP / 16; ++c)\n"
+           "      #pragma unroll\n"
+           "      for (int n = 0; n < 8; ++n) {\n"
+           "        const unsigned short* kr = &Ks[(n * 8 + g) * KS + c * 16 + 2 * t];\n"
+           "        mma(sc[n], qa[c], *(const unsigned*)kr, *(const unsigned*)(kr + 8));\n"
+           "      }\n"
+           "    #pragma unroll\n"
+           "    for (int n = 0; n < 8; ++n)\n"
+           "      #pragma unroll\n"
+           "      for (int e = 0; e < 4; ++e) {\n"
+           "        const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t + (e & 1);\n"
+           "        float x = sc[n][e];\n"
+           "        const float mv = mvs[n][e];\n" + score +
+           "        sc[n][e] = x;\n"
+           "      }\n"
+           "    #pragma unroll\n"
+           "    for (int r = 0; r < 2; ++r) {\n"
+           "      float mx = NEG;\n"
+           "      #pragma unroll\n"
+           "      for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));\n"
+           "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
+           "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
+           "      const float mn = fmaxf(m[r], mx), mu = mn == NEG ? 0.f : mn, corr = __expf(m[r] - mu);\n"
+           "      m[r] = mn; l[r] *= corr;\n"
+           "      #pragma unroll\n"
+           "      for (int n = 0; n < DP / 8; ++n) { o[n][2 * r] *= corr; o[n][2 * r + 1] *= corr; }\n"
+           "      #pragma unroll\n"
+           "      for (int n = 0; n < 8; ++n) {\n"
+           "        sc[n][2 * r] = __expf(sc[n][2 * r] - mu); sc[n][2 * r + 1] = __expf(sc[n][2 * r + 1] - mu);\n"
+           "        l[r] += sc[n][2 * r] + sc[n][2 * r + 1];\n"
+           "      }\n"
+           "    }\n"
+           "    #pragma unroll\n"
+           "    for (int j = 0; j < 4; ++j) {\n"
+           "      const unsigned a[4] = {pack2(sc[2 * j][0], sc[2 * j][1]), pack2(sc[2 * j][2], sc[2 * j][3]),\n"
+           "                             pack2(sc[2 * j + 1][0], sc[2 * j + 1][1]), pack2(sc[2 * j + 1][2], sc[2 * j + 1][3])};\n"
+           "      #pragma unroll\n"
+           "      for (int n = 0; n < DP / 8; ++n) {\n"
+           "        const unsigned short* vr = &Vt[(n * 8 + g) * VS + j * 16 + 2 * t];\n"
+           "        mma(o[n], a, *(const unsigned*)vr, *(const unsigned*)(vr + 8));\n"
+           "      }\n"
+           "    }\n"
+           "  }\n"
+           "  #pragma unroll\n"
+           "  for (int r = 0; r < 2; ++r) {\n"
+           "    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);\n"
+           "    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);\n"
+           "  }\n"
+           "  #pragma unroll\n"
+           "  for (int n = 0; n < DP / 8; ++n)\n"
+           "    #pragma unroll\n"
+           "    for (int e = 0; e < 4; ++e) {\n"
+           "      const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0);\n"
+           "      const int d = n * 8 + 2 * t + (e & 1);\n"
+           "      if (row < Sq && d < D) out[((b * Sq + row) * H + h) * D + d] = st(o[n][e] / l[e >> 1]);\n"
+           "    }\n"
+           "}\n";
+    k.source = src;
+    return k;
+}
+
 /// Every variant of every registered kernel (for the NVRTC compile test).
 inline std::vector<KernelText> library_kernel_sources() {
     std::vector<KernelText> out;
@@ -201,6 +483,20 @@ inline std::vector<KernelText> library_kernel_sources() {
         for (bool i64 : {false, true}) out.push_back(col2im_kernel(d, i64));
     out.push_back(dropout_mask_kernel());
     out.push_back(rng_advance_kernel());
+    // attention: each mask kind in f32 (rows) and bf16 (mma), then the other dtypes and edge head dims
+    for (int mask : {0, 1, 2}) {
+        out.push_back(attention_kernel({DType::f32, 64, mask, DType::f32, false}));
+        out.push_back(attention_kernel({DType::bf16, 64, mask, DType::f32, true}));
+    }
+    out.push_back(attention_kernel({DType::f16, 32, 2, DType::f16, false}));
+    out.push_back(attention_kernel({DType::bf16, 8, 1, DType::f32, false}));
+    out.push_back(attention_kernel({DType::f16, 40, 2, DType::f16, true}));
+    out.push_back(attention_kernel({DType::bf16, 128, 2, DType::bf16, true}));
+    out.push_back(attention_kernel({DType::f16, 16, 1, DType::f32, true}));
+    out.push_back(attention_kernel({DType::f32, 64, 2, DType::f32, false, true}));
+    out.push_back(attention_kernel({DType::bf16, 32, 1, DType::f32, false, true}));
+    out.push_back(attention_kernel({DType::bf16, 64, 2, DType::f32, true, true}));
+    out.push_back(attention_kernel({DType::f16, 40, 0, DType::f32, true, true}));
     return out;
 }
 
