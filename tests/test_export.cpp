@@ -595,6 +595,9 @@ TEST_CASE("onnx import: export -> save -> load -> ONNX export -> ONNX import giv
                                                 {{{0, Dim("batch", 1, 16)}, {1, Dim("seq", 1, 64)}}},
                                                 {.parameters = nn::named_parameters(const_cast<nn::BertLayer&>(layer))});
     const ExportedProgram bert_back = round_trip(bert, "bert_layer");
+    // attention is one library op in the program (on any device) and comes back as one from ONNX
+    CHECK(bert.graph_str().find("attention(") != std::string::npos);
+    CHECK(bert_back.graph_str().find("attention(") != std::string::npos);
     for (auto [b, t] : {std::pair<std::int64_t, std::int64_t>{1, 6}, {4, 9}, {3, 1}}) {
         const Tensor x = kiln::randn({b, t, 32});
         check(bert_back.run({x}), layer(x), 1e-4);
@@ -803,3 +806,27 @@ TEST_CASE("onnx import: what kiln cannot run is an ImportError naming the node; 
 }
 
 #endif  // KILN_TEST_ONNX
+
+TEST_CASE("onnx import: attention exported from CUDA (MatMul / Softmax / MatMul) comes back as one kernel, f32 and bf16" *
+          doctest::skip(kiln_test::no_cuda())) {
+    kiln::manual_seed(17);
+    for (DType dt : {DType::f32, DType::bf16}) {
+        INFO(dtype_name(dt));
+        nn::BertLayer layer(64, 4, 128);
+        nn::to(layer, dt);
+        nn::to(layer, Device::cuda());
+        const Tensor x = kiln::randn({2, 16, 64}).to(dt).to(Device::cuda());
+        const ExportedProgram ep = export_program([&](const Tensor& t) { return layer(t); }, std::make_tuple(x),
+                                                  {{{0, Dim("batch", 1, 16)}}}, {.parameters = nn::named_parameters(layer)});
+        CHECK(ep.graph_str().find("attention(") != std::string::npos);
+        const ExportedProgram back = onnx_test::through_onnx(ep, std::string("bert_cuda_") + std::string(dtype_name(dt)));
+        CHECK(back.graph_str().find("attention(") != std::string::npos);  // the importer matched the pattern
+        for (std::int64_t b : {1, 3}) {
+            const Tensor xb = kiln::randn({b, 16, 64}).to(dt).to(Device::cuda());
+            const std::vector<Tensor> got = back.run({xb});
+            REQUIRE(got.size() == 1);
+            CHECK(got[0].dtype() == dt);
+            CHECK(kiln_test::maxdiff(got[0], layer(xb)) < (dt == DType::f32 ? 1e-4 : 6e-2));
+        }
+    }
+}

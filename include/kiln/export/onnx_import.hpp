@@ -203,7 +203,8 @@ public:
             if (!fold && n.op_type() == "Conv") plan_epilogue(i);
             std::optional<trace::ActiveScope> host;  // a known value is computed now, on the host: a constant of the program
             if (fold) host.emplace(nullptr);
-            const std::optional<Tensor> narrow = fold ? std::nullopt : narrow_op(i, in);
+            std::optional<Tensor> narrow = fold ? std::nullopt : attention(i, in);
+            if (!narrow && !fold) narrow = narrow_op(i, in);
             const std::vector<Tensor> out = narrow ? std::vector<Tensor>{*narrow} : apply(n, in);
             const bool known = fold || n.op_type() == "Constant" || n.op_type() == "Shape" || n.op_type() == "Size" ||
                                n.op_type() == "ConstantOfShape" || n.op_type() == "EyeLike" || n.op_type() == "Range";
@@ -215,7 +216,7 @@ public:
                 Tensor t = out[static_cast<std::size_t>(k)];
                 // ONNX fixes each output's type; kiln's promotion can differ (int / int, pow(int, float));
                 // a narrowed op keeps its narrow type (the Cast after it is then a no-op)
-                if (auto it = types_.find(n.output(k)); !narrow && it != types_.end())
+                if (auto it = types_.find(n.output(k)); !narrow && it != types_.end() && !cast_back_to(i, k, t.dtype()))
                     if (auto d = dtype_of(it->second); d && *d != t.dtype()) t = t.to(*d);
                 vals_[n.output(k)] = Value{t, known && !t.is_traced()};
             }
@@ -300,6 +301,113 @@ private:
         const std::vector<Tensor> out = apply(n, narrow);
         if (out.size() != 1 || !out[0].defined() || out[0].dtype() != *t) return std::nullopt;  // (its nodes are dead code)
         return out[0];
+    }
+
+    /// Whether output k of node i is a layout op's (Transpose, Reshape, ...) over a narrowed value
+    /// whose one reader casts it back to `d`, its dtype now: the float its ONNX type says would be
+    /// cast straight back, exactly, so it keeps its dtype (no cast pair between kiln's ops).
+    static bool layout_op(const ::onnx::NodeProto& n) {
+        static const std::set<std::string> ops = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"};
+        return ops.count(n.op_type()) > 0;
+    }
+    bool cast_back_to(int i, int k, DType d) const {
+        const ::onnx::NodeProto& n = g_.node(i);
+        if (!layout_op(n) || (d != DType::bf16 && d != DType::f16)) return false;
+        const int j = sole_reader(n.output(k), i);
+        return j >= 0 && cast_target(g_.node(j)) == d;
+    }
+
+    /// scaled_dot_product_attention as ONNX writers decompose it (kiln's exporter among them):
+    /// MatMul(Softmax(S [+ mask | Where(mask, S, -inf)]), v) with S = MatMul(q, Transpose(k, 0 1 3 2))
+    /// times 1/sqrt(D) (or divided by sqrt(D)), q, k and v of rank 4, the softmax over the last
+    /// axis. Node i is that final MatMul: run it as nn::scaled_dot_product_attention (one kernel on
+    /// CUDA; the decomposition's nodes become dead code). q, k and v that are Casts to float of
+    /// one narrow dtype are read narrow (the result is then that dtype, as narrow_op's are).
+    /// nullopt where node i is not such a MatMul.
+    std::optional<Tensor> attention(int i, const std::vector<Value>& in) {
+        const ::onnx::NodeProto& n = g_.node(i);
+        if (n.op_type() != "MatMul" || in.size() != 2 || !in[0].defined() || !in[1].defined() || in[0].known) return std::nullopt;
+        auto made_by = [&](const std::string& name, const char* op) -> const ::onnx::NodeProto* {
+            const auto p = producer_.find(name);
+            if (p == producer_.end() || p->second >= i) return nullptr;
+            const ::onnx::NodeProto* m = &g_.node(p->second);
+            return m->op_type() == op ? m : nullptr;
+        };
+        auto value = [&](const std::string& name) -> const Value* {
+            const auto v = vals_.find(name);
+            return v != vals_.end() && v->second.defined() ? &v->second : nullptr;
+        };
+        auto attr_of = [](const ::onnx::NodeProto& m, const char* name) -> const ::onnx::AttributeProto* {
+            for (const auto& a : m.attribute())
+                if (a.name() == name) return &a;
+            return nullptr;
+        };
+        auto scalar = [&](const std::string& name, double& out) {  // a known one-element float
+            const Value* v = value(name);
+            if (!v || !v->known || v->t.numel() != 1 || !is_floating(v->t.dtype())) return false;
+            const trace::ActiveScope host(nullptr);
+            out = v->t.to(DType::f64).item<double>();
+            return true;
+        };
+        const ::onnx::NodeProto* sm = made_by(n.input(0), "Softmax");
+        if (!sm || opset_ < 13) return std::nullopt;
+        if (const auto* a = attr_of(*sm, "axis"); a && a->i() != -1 && a->i() != 3) return std::nullopt;
+        // S, masked or not
+        std::string scores = sm->input(0);
+        Tensor mask;
+        if (const ::onnx::NodeProto* add = made_by(scores, "Add")) {
+            const int which = made_by(add->input(0), "Mul") || made_by(add->input(0), "Div") ? 0 : 1;
+            const Value* m = value(add->input(1 - which));
+            if (!m || !is_floating(m->t.dtype())) return std::nullopt;
+            mask = m->t;
+            scores = add->input(which);
+        } else if (const ::onnx::NodeProto* wh = made_by(scores, "Where")) {
+            double neg = 0;
+            const Value* m = value(wh->input(0));
+            if (!m || m->t.dtype() != DType::boolean || !scalar(wh->input(2), neg) || neg != -INFINITY) return std::nullopt;
+            mask = m->t;
+            scores = wh->input(1);
+        }
+        const ::onnx::NodeProto* sc = made_by(scores, "Mul");
+        const bool div = !sc;
+        if (!sc) sc = made_by(scores, "Div");
+        if (!sc) return std::nullopt;
+        const int mm_at = made_by(sc->input(0), "MatMul") ? 0 : 1;
+        if (div && mm_at != 0) return std::nullopt;
+        const ::onnx::NodeProto* qk = made_by(sc->input(mm_at), "MatMul");
+        double c = 0;
+        if (!qk || !scalar(sc->input(1 - mm_at), c)) return std::nullopt;
+        const ::onnx::NodeProto* tr = made_by(qk->input(1), "Transpose");
+        if (!tr) return std::nullopt;
+        const auto* perm = attr_of(*tr, "perm");
+        if (!perm || perm->ints_size() != 4 || perm->ints(0) != 0 || perm->ints(1) != 1 || perm->ints(2) != 3 || perm->ints(3) != 2)
+            return std::nullopt;
+        const Value* q = value(qk->input(0));
+        const Value* k = value(tr->input(0));
+        if (!q || !k || q->t.rank() != 4 || k->t.rank() != 4 || in[1].t.rank() != 4) return std::nullopt;
+        const double d = static_cast<double>(q->t.size(3)), want = div ? std::sqrt(d) : 1.0 / std::sqrt(d);
+        if (std::abs(c - want) > 1e-6 * want) return std::nullopt;
+        // read through Casts to float of one narrow dtype
+        Tensor ops[3] = {q->t, k->t, in[1].t};
+        const std::string names[3] = {qk->input(0), tr->input(0), n.input(1)};
+        std::optional<DType> narrow;
+        Tensor nops[3];
+        for (int a = 0; a < 3; ++a) {
+            const ::onnx::NodeProto* cast = made_by(names[a], "Cast");
+            const Value* from = cast && cast_target(*cast) == DType::f32 ? value(cast->input(0)) : nullptr;
+            if (!from || (from->t.dtype() != DType::bf16 && from->t.dtype() != DType::f16) || (narrow && *narrow != from->t.dtype())) {
+                narrow.reset();
+                break;
+            }
+            narrow = from->t.dtype();
+            nops[a] = from->t;
+        }
+        if (narrow) {  // only where the result goes back to that dtype (through layout ops): the same numbers
+            int j = sole_reader(n.output(0), i);
+            while (j >= 0 && layout_op(g_.node(j)) && g_.node(j).output_size() == 1) j = sole_reader(g_.node(j).output(0), j);
+            if (j >= 0 && cast_target(g_.node(j)) == *narrow) std::copy(std::begin(nops), std::end(nops), std::begin(ops));
+        }
+        return nn::scaled_dot_product_attention(ops[0], ops[1], ops[2], mask, loc_);
     }
 
     /// What a Conv may absorb from the nodes after it: Conv -> Relu, Conv -> Add(z) [-> Relu], with z

@@ -189,6 +189,9 @@ KILN_DECL void register_embedding();
 /// D) contiguous tensor: one kernel on CUDA where cuda::detail::attention_signature takes them,
 /// else the decomposition.
 KILN_DECL Tensor attention_now(const std::vector<Tensor>& in, const Loc& loc);
+/// Whether the library op "attention" takes these operands on a device without its kernel (rank 4,
+/// one floating dtype and device, matching batch, heads and head dim, a mask that broadcasts).
+KILN_DECL bool attention_op_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 /// The library op "attention" (operands {q, k, v} or {q, k, v, mask}; result (B, Sq, H, D)).
 KILN_DECL std::shared_ptr<ir::CallOp> attention_op(const Loc& loc);
 /// Registers attention's library-op factory (called by export/program_file.hpp).
@@ -214,12 +217,14 @@ struct Embedding {
 
 /// softmax(q k^T * scale + mask) v over (..., S, D) operands, scale 1/sqrt(D). `mask` (optional)
 /// broadcasts to the scores (..., S_q, S_k): a bool mask keeps the positions where it is true (like
-/// torch's scaled_dot_product_attention), a float mask is added. On CUDA, (B, H, S, D) operands in
-/// f32 (D <= 64), f16 or bf16 (D <= 128) that need no gradient run as one kernel (the library op
-/// "attention": scores and softmax in f32, never in memory; the result is a (B, H, Sq, D) view of
-/// (B, Sq, H, D) memory, so merging the heads after it copies nothing); KILN_FUSED_ATTENTION=0 turns
-/// that off. Otherwise one batched GEMM, one fused row kernel for the scaled, masked softmax, one
-/// batched GEMM.
+/// torch's scaled_dot_product_attention), a float mask is added. (B, H, S, D) operands that need
+/// no gradient are one library op, "attention" (as torch.export keeps SDPA one op), whose result is
+/// a (B, H, Sq, D) view of (B, Sq, H, D) memory, so merging the heads after it copies nothing. On
+/// CUDA it is one kernel for f32 (D <= 64, <= 64 keys), f16 and bf16 (D <= 128): scores and softmax
+/// in f32, never in memory; traced on CUDA, operands the kernel does not take are decomposed in the
+/// program; on other devices (or a CPU-traced program run on CUDA with such operands) the op runs
+/// the decomposition when called. KILN_FUSED_ATTENTION=0 turns the op off. The decomposition: one
+/// batched GEMM, one fused row kernel for the scaled, masked softmax, one batched GEMM.
 KILN_DECL Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
                                              Loc loc = Loc::current());
 
