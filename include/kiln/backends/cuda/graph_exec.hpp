@@ -163,9 +163,35 @@ struct KernelMemo {
         Strides out_strides;
         CUfunction fn = nullptr;
         std::vector<std::int64_t> tail;
-        unsigned grid = 0;
+        unsigned grid = 0, block = 256;
     } last;
 };
+
+inline unsigned align64(const void* p) { return static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p) % 64); }
+
+/// Remembers this launch of G (kernel f, parameters after the pointers `tail`, grid and block) in
+/// memo.last, for relaunch_last.
+inline void remember_launch(KernelMemo& memo, const fuse::Group& G, const std::vector<Tensor>& vals, const std::vector<Tensor>& outs,
+                            const Shape& S, const Strides& out_strides, CUfunction f, std::vector<std::int64_t> tail, unsigned grid,
+                            unsigned block) {
+    KernelMemo::Last l;
+    for (int leaf : G.leaves) {
+        const Tensor& t = vals[static_cast<std::size_t>(leaf)];
+        l.dtypes.push_back(t.dtype());
+        l.shapes.push_back(t.shape());
+        l.strides.push_back(t.strides());
+        l.align.push_back(align64(t.data_ptr()));
+    }
+    l.out_shape = S;
+    l.out_strides = out_strides;
+    for (const Tensor& t : outs) l.out_align.push_back(align64(t.data_ptr()));
+    l.fn = f;
+    l.tail = std::move(tail);
+    l.grid = grid;
+    l.block = block;
+    std::lock_guard lock(memo.mu);
+    memo.last = std::move(l);
+}
 
 /// Loaded functions for several kernels: the ones not loaded yet are compiled together, in
 /// parallel (memory and disk caches first), then loaded.
@@ -250,6 +276,33 @@ private:
     std::vector<Launch> pending_;
 };
 
+/// Launches group G's kernel as memo.last did, with this call's pointers (its leaves in vals, then
+/// outs), when the operands look as they did then (dtypes, shapes, strides, addresses modulo 64,
+/// the space S, the first output's strides out_strides): returns false, launching nothing, otherwise.
+inline bool relaunch_last(KernelMemo& memo, const fuse::Group& G, const std::vector<Tensor>& vals, const std::vector<Tensor>& outs,
+                          const Shape& S, const Strides& out_strides, Launcher& L) {
+    const std::size_t nl = G.leaves.size(), no = outs.size();
+    std::unique_lock lock(memo.mu);
+    const KernelMemo::Last& l = memo.last;
+    bool same = l.fn && l.dtypes.size() == nl && l.out_shape == S && l.out_strides == out_strides && l.out_align.size() == no;
+    for (std::size_t m = 0; same && m < no; ++m) same = l.out_align[m] == align64(outs[m].data_ptr());
+    for (std::size_t k = 0; same && k < nl; ++k) {
+        const Tensor& t = vals[static_cast<std::size_t>(G.leaves[k])];
+        same = t.dtype() == l.dtypes[k] && t.shape() == l.shapes[k] && t.strides() == l.strides[k] && align64(t.data_ptr()) == l.align[k];
+    }
+    if (!same) return false;
+    Args a;
+    a.slots.reserve(nl + no + l.tail.size());
+    for (std::size_t k = 0; k < nl; ++k) a.add_ptr(vals[static_cast<std::size_t>(G.leaves[k])].data_ptr());
+    for (const Tensor& t : outs) a.add_ptr(t.data_ptr());
+    for (auto v : l.tail) a.add(v);
+    const CUfunction f = l.fn;
+    const unsigned grid = l.grid, block = l.block;
+    lock.unlock();
+    L.add(f, std::move(a), grid, block);
+    return true;
+}
+
 inline Tensor new_on(const Shape& s, DType d, int device) { return Tensor(s, d, Device::cuda(device)); }
 
 /// The tensor a group writes node id into: a destination placed in vals beforehand (contiguous,
@@ -278,30 +331,7 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     const std::int64_t n = S.numel();
     if (n == 0) return;
     const std::size_t nl = G.leaves.size();
-    auto align_of = [](const void* p) { return static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p) % 64); };
-    {  // the operands look as they did last time: same kernel, same parameters
-        std::unique_lock lock(memo.mu);
-        const KernelMemo::Last& l = memo.last;
-        bool same = l.fn && l.dtypes.size() == nl && l.out_shape == S && l.out_strides == outs[0].strides() && l.out_align.size() == no;
-        for (std::size_t m = 0; same && m < no; ++m) same = l.out_align[m] == align_of(outs[m].data_ptr());
-        for (std::size_t k = 0; same && k < nl; ++k) {
-            const Tensor& t = vals[static_cast<std::size_t>(G.leaves[k])];
-            same = t.dtype() == l.dtypes[k] && t.shape() == l.shapes[k] && t.strides() == l.strides[k] &&
-                   align_of(t.data_ptr()) == l.align[k];
-        }
-        if (same) {
-            Args a;
-            a.slots.reserve(nl + no + l.tail.size());
-            for (std::size_t k = 0; k < nl; ++k) a.add_ptr(vals[static_cast<std::size_t>(G.leaves[k])].data_ptr());
-            for (const Tensor& t : outs) a.add_ptr(t.data_ptr());
-            for (auto v : l.tail) a.add(v);
-            const CUfunction f = l.fn;
-            const unsigned grid = l.grid;
-            lock.unlock();
-            L.add(f, std::move(a), grid, 256);
-            return;
-        }
-    }
+    if (relaunch_last(memo, G, vals, outs, S, outs[0].strides(), L)) return;  // the operands look as they did last time
     std::vector<std::int64_t> ost(outs[0].strides().begin(), outs[0].strides().end());
     std::vector<Operand> ops(G.leaves.size());
     std::vector<std::vector<std::int64_t>*> all{&ost};
@@ -354,24 +384,8 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     const std::string key = sig.key();
     const std::vector<std::int64_t> tail(a.slots.begin() + static_cast<std::ptrdiff_t>(nl + no), a.slots.end());
     L.add(memo, key, [&g, &G, sig] { return elementwise_kernel(g, G, sig); }, std::move(a), grid, 256);
-    if (const CUfunction f = memo.find(key)) {  // known (not waiting for a flush): remember the launch
-        KernelMemo::Last l;
-        for (std::size_t k = 0; k < nl; ++k) {
-            const Tensor& t = vals[static_cast<std::size_t>(G.leaves[k])];
-            l.dtypes.push_back(t.dtype());
-            l.shapes.push_back(t.shape());
-            l.strides.push_back(t.strides());
-            l.align.push_back(align_of(t.data_ptr()));
-        }
-        l.out_shape = S;
-        l.out_strides = outs[0].strides();
-        for (const Tensor& t : outs) l.out_align.push_back(align_of(t.data_ptr()));
-        l.fn = f;
-        l.tail = tail;
-        l.grid = grid;
-        std::lock_guard lock(memo.mu);
-        memo.last = std::move(l);
-    }
+    if (const CUfunction f = memo.find(key))  // known (not waiting for a flush): remember the launch
+        remember_launch(memo, G, vals, outs, S, outs[0].strides(), f, tail, grid, 256);
 }
 
 // ------------------------------------------------------------------ row and reduce groups
@@ -563,6 +577,10 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
         outs.push_back(t);
     }
     if (S.numel() == 0) return;
+    // the operands look as they did last time: the same kernel and parameters (max_autotune times
+    // launch shapes instead)
+    const bool tuning = kiln::detail::autotune_active() != kiln::detail::Autotune::off;
+    if (!tuning && relaunch_last(memo, G, vals, outs, S, Strides{}, L)) return;
     RowLayout lay = row_layout(S, G.mask, strides);
     RowSignature sig;
     sig.outer_rank = static_cast<int>(lay.outer.size());
@@ -604,14 +622,18 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
         if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
             for (auto s : lay.si[k]) a.add(s);
     }
-    if (kiln::detail::autotune_active() != kiln::detail::Autotune::off) {
+    if (tuning) {
         bool aliased = false;  // timing runs the kernel several times: never where it writes what it reads
         for (const Tensor& o : outs)
             for (int leaf : G.leaves) aliased = aliased || o.storage() == vals[static_cast<std::size_t>(leaf)].storage();
         if (!aliased) sig = tune_row_signature(g, G, stored, sig, nv, lay, per_thread, a, device, memo, L);
     }
-    L.add(memo, sig.key(), [&g, &G, stored, sig] { return row_kernel(g, G, stored, sig); }, std::move(a), row_blocks(sig, lay.rows),
-          static_cast<unsigned>(sig.threads));
+    const std::string key = sig.key();
+    const unsigned grid = row_blocks(sig, lay.rows), block = static_cast<unsigned>(sig.threads);
+    std::vector<std::int64_t> tail(a.slots.begin() + static_cast<std::ptrdiff_t>(nops), a.slots.end());
+    L.add(memo, key, [&g, &G, stored, sig] { return row_kernel(g, G, stored, sig); }, std::move(a), grid, block);
+    if (!tuning)
+        if (const CUfunction f = memo.find(key)) remember_launch(memo, G, vals, outs, S, Strides{}, f, std::move(tail), grid, block);
 }
 
 inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
