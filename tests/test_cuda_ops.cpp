@@ -730,7 +730,6 @@ std::vector<double> ref_attention(const Tensor& q_in, const Tensor& k_in, const 
     for (std::int64_t bh = 0; bh < B * H; ++bh)
         for (std::int64_t i = 0; i < Sq; ++i) {
             std::vector<double> p(static_cast<std::size_t>(Sk));
-            double mx = -INFINITY;
             for (std::int64_t j = 0; j < Sk; ++j) {
                 double s = 0;
                 for (std::int64_t d = 0; d < D; ++d) s += Q[(bh * Sq + i) * D + d] * K[(bh * Sk + j) * D + d];
@@ -740,14 +739,12 @@ std::vector<double> ref_attention(const Tensor& q_in, const Tensor& k_in, const 
                     s = kind == 1 ? (mv != 0 ? s : -INFINITY) : s + mv;
                 }
                 p[static_cast<std::size_t>(j)] = s;
-                mx = std::max(mx, s);
             }
-            double z = 0;
-            for (double& x : p) z += (x = std::exp(x - mx));
+            kiln_test::softmax_row_f64(p);  // NaN where every key is masked
             for (std::int64_t d = 0; d < D; ++d) {
                 double o = 0;
-                for (std::int64_t j = 0; j < Sk; ++j) o += p[static_cast<std::size_t>(j)] / z * V[(bh * Sk + j) * D + d];
-                out[static_cast<std::size_t>((bh * Sq + i) * D + d)] = mx == -INFINITY ? NAN : o;
+                for (std::int64_t j = 0; j < Sk; ++j) o += p[static_cast<std::size_t>(j)] * V[(bh * Sk + j) * D + d];
+                out[static_cast<std::size_t>((bh * Sq + i) * D + d)] = o;
             }
         }
     return out;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.hpp"
+
 namespace {
 
 using namespace kiln;
@@ -82,7 +84,6 @@ std::vector<double> ref_mha(const Tensor& x, const nn::MultiheadAttention& m, co
         for (std::int64_t h = 0; h < H; ++h)
             for (std::int64_t i = 0; i < S; ++i) {
                 std::vector<double> p(static_cast<std::size_t>(S));
-                double mx = -INFINITY;
                 for (std::int64_t j = 0; j < S; ++j) {
                     double s = 0;
                     for (std::int64_t d = 0; d < D; ++d)
@@ -91,14 +92,12 @@ std::vector<double> ref_mha(const Tensor& x, const nn::MultiheadAttention& m, co
                     s /= std::sqrt(static_cast<double>(D));
                     if (!keep.empty() && !keep[static_cast<std::size_t>((b * S + i) * S + j)]) s = -INFINITY;
                     p[static_cast<std::size_t>(j)] = s;
-                    mx = std::max(mx, s);
                 }
-                double z = 0;
-                for (auto& v : p) z += (v = std::exp(v - mx));
+                kiln_test::softmax_row_f64(p);
                 for (std::int64_t d = 0; d < D; ++d) {
                     double o = 0;
                     for (std::int64_t j = 0; j < S; ++j)
-                        o += p[static_cast<std::size_t>(j)] / z * qkv[static_cast<std::size_t>((b * S + j) * 3 * E + 2 * E + h * D + d)];
+                        o += p[static_cast<std::size_t>(j)] * qkv[static_cast<std::size_t>((b * S + j) * 3 * E + 2 * E + h * D + d)];
                     a[static_cast<std::size_t>((b * S + i) * E + h * D + d)] = o;
                 }
             }

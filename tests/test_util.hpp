@@ -31,6 +31,16 @@ inline double maxdiff(const kiln::Tensor& a, const kiln::Tensor& b) {
     return m;
 }
 
+/// Softmax of a row of float64 scores, in place: a row whose scores are all -inf becomes NaN, as
+/// softmax over -inf does (the float64 references of attention).
+inline void softmax_row_f64(std::vector<double>& p) {
+    double mx = -std::numeric_limits<double>::infinity();
+    for (double x : p) mx = std::max(mx, x);
+    double z = 0;
+    for (double& x : p) z += (x = std::exp(x - mx));
+    for (double& x : p) x /= z;
+}
+
 /// For doctest's skip decorator: `TEST_CASE("..." * doctest::skip(kiln_test::no_cuda()))` is reported
 /// as skipped, not passed, where there is no CUDA device (tests/gpu.sh fails on any skip on a GPU machine).
 inline bool no_cuda() { return !kiln::cuda::is_available(); }

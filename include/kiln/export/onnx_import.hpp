@@ -248,11 +248,16 @@ private:
     std::map<std::string, int> producer_;  ///< the node that writes each value
     const ::onnx::NodeProto* node_ = nullptr;
 
+    /// Node n's attribute `name`, or null.
+    static const ::onnx::AttributeProto* attr_of(const ::onnx::NodeProto& n, const char* name) {
+        for (const auto& a : n.attribute())
+            if (a.name() == name) return &a;
+        return nullptr;
+    }
     /// The dtype a Cast node converts to (nullopt for a dtype kiln lacks).
     static std::optional<DType> cast_target(const ::onnx::NodeProto& c) {
         if (c.op_type() != "Cast") return std::nullopt;
-        for (const auto& a : c.attribute())
-            if (a.name() == "to") return dtype_of(static_cast<int>(a.i()));
+        if (const auto* a = attr_of(c, "to")) return dtype_of(static_cast<int>(a->i()));
         return std::nullopt;
     }
 
@@ -303,13 +308,14 @@ private:
         return out[0];
     }
 
-    /// Whether output k of node i is a layout op's (Transpose, Reshape, ...) over a narrowed value
-    /// whose one reader casts it back to `d`, its dtype now: the float its ONNX type says would be
-    /// cast straight back, exactly, so it keeps its dtype (no cast pair between kiln's ops).
+    /// Whether n only rearranges its input (Transpose, Reshape, ...).
     static bool layout_op(const ::onnx::NodeProto& n) {
         static const std::set<std::string> ops = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"};
         return ops.count(n.op_type()) > 0;
     }
+    /// Whether output k of node i is a layout op's over a narrowed value whose one reader casts it
+    /// back to `d`, its dtype now: the float its ONNX type says would be cast straight back,
+    /// exactly, so it keeps its dtype (no cast pair between kiln's ops).
     bool cast_back_to(int i, int k, DType d) const {
         const ::onnx::NodeProto& n = g_.node(i);
         if (!layout_op(n) || (d != DType::bf16 && d != DType::f16)) return false;
@@ -336,11 +342,6 @@ private:
         auto value = [&](const std::string& name) -> const Value* {
             const auto v = vals_.find(name);
             return v != vals_.end() && v->second.defined() ? &v->second : nullptr;
-        };
-        auto attr_of = [](const ::onnx::NodeProto& m, const char* name) -> const ::onnx::AttributeProto* {
-            for (const auto& a : m.attribute())
-                if (a.name() == name) return &a;
-            return nullptr;
         };
         auto scalar = [&](const std::string& name, double& out) {  // a known one-element float
             const Value* v = value(name);
@@ -460,11 +461,7 @@ private:
     [[noreturn]] void unsupported_here(const std::string& what) const { fail<ImportError>(what); }
 
     // ---- attributes
-    const ::onnx::AttributeProto* attr(const char* name) const {
-        for (const auto& a : node_->attribute())
-            if (a.name() == name) return &a;
-        return nullptr;
-    }
+    const ::onnx::AttributeProto* attr(const char* name) const { return attr_of(*node_, name); }
     std::int64_t ai(const char* name, std::int64_t def) const {
         const auto* a = attr(name);
         return a ? a->i() : def;

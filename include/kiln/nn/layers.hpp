@@ -189,9 +189,6 @@ KILN_DECL void register_embedding();
 /// D) contiguous tensor: one kernel on CUDA where cuda::detail::attention_signature takes them,
 /// else the decomposition.
 KILN_DECL Tensor attention_now(const std::vector<Tensor>& in, const Loc& loc);
-/// Whether the library op "attention" takes these operands on a device without its kernel (rank 4,
-/// one floating dtype and device, matching batch, heads and head dim, a mask that broadcasts).
-KILN_DECL bool attention_op_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 /// The library op "attention" (operands {q, k, v} or {q, k, v, mask}; result (B, Sq, H, D)).
 KILN_DECL std::shared_ptr<ir::CallOp> attention_op(const Loc& loc);
 /// Registers attention's library-op factory (called by export/program_file.hpp).

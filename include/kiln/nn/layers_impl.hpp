@@ -184,19 +184,6 @@ KILN_DECL bool fused_attention_on() {
     return on;
 }
 
-KILN_DECL bool attention_op_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-    if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || k.dtype() != q.dtype() || v.dtype() != q.dtype() || !is_floating(q.dtype()))
-        return false;
-    if (!(k.device() == q.device()) || !(v.device() == q.device())) return false;
-    for (int d : {0, 1})
-        if (k.size(d) != q.size(d) || v.size(d) != q.size(d)) return false;
-    if (v.size(3) != q.size(3)) return false;
-    if (!mask.defined()) return true;
-    Shape full{q.size(0), q.size(1), q.size(2), k.size(2)}, out;
-    return mask.device() == q.device() && mask.rank() <= 4 && (mask.dtype() == DType::boolean || is_floating(mask.dtype())) &&
-           kiln::detail::try_broadcast(mask.shape(), full, out) && out == full;
-}
-
 KILN_DECL Tensor attention_now(const std::vector<Tensor>& in, const Loc& loc) {
     const Tensor mask = in.size() > 3 ? in[3] : Tensor();
     cuda::detail::AttentionSignature sig;
@@ -228,7 +215,7 @@ KILN_DECL Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, 
     // CUDA (a loaded program, an imported ONNX file) gets the kernel
     cuda::detail::AttentionSignature sig;
     if (detail::fused_attention_on() && !autograd::detail::needs_grad({&q, &k, &v, &mask}) &&
-        (q.device().is_cuda() ? cuda::detail::attention_signature(q, k, v, mask, sig) : detail::attention_op_takes(q, k, v, mask))) {
+        (q.device().is_cuda() ? cuda::detail::attention_signature(q, k, v, mask, sig) : cuda::detail::attention_operands(q, k, v, mask))) {
         std::vector<Tensor> in{q, k, v};
         if (mask.defined()) in.push_back(mask);
         // (B, Sq, H, D) memory seen as (B, H, Sq, D)

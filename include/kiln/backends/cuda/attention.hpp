@@ -17,17 +17,28 @@ namespace kiln::cuda::detail {
 /// The longest key sequence the one-thread-per-row kernel (f32, or f16/bf16 before sm_80) takes.
 inline constexpr std::int64_t max_row_attention_keys = 64;
 
-/// The signature of the one-kernel attention for these operands (q (B, H, Sq, D), k and v (B, H,
-/// Sk, D), all on one CUDA device in one dtype; mask undefined, bool or floating, broadcasting to
-/// (B, H, Sq, Sk)), or false where the kernel does not take them (the caller decomposes).
-inline bool attention_signature(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, AttentionSignature& s) {
-    if (!q.device().is_cuda() || !(k.device() == q.device()) || !(v.device() == q.device())) return false;
-    if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || k.dtype() != q.dtype() || v.dtype() != q.dtype()) return false;
+/// Whether q (B, H, Sq, D), k and v (B, H, Sk, D) and mask (undefined, or bool or floating and
+/// broadcasting to (B, H, Sq, Sk)) are attention's operands on any device: rank 4, one floating
+/// dtype and one device, matching batch, heads and head dim. What the library op "attention" takes.
+inline bool attention_operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+    if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || k.dtype() != q.dtype() || v.dtype() != q.dtype() || !is_floating(q.dtype()))
+        return false;
+    if (!(k.device() == q.device()) || !(v.device() == q.device())) return false;
     for (int d : {0, 1})
         if (k.size(d) != q.size(d) || v.size(d) != q.size(d)) return false;
+    if (k.size(3) != q.size(3) || v.size(3) != q.size(3) || v.size(2) != k.size(2)) return false;
+    if (!mask.defined()) return true;
+    Shape full{q.size(0), q.size(1), q.size(2), k.size(2)}, out;
+    return mask.device() == q.device() && mask.rank() <= 4 && (mask.dtype() == DType::boolean || is_floating(mask.dtype())) &&
+           kiln::detail::try_broadcast(mask.shape(), full, out) && out == full;
+}
+
+/// The signature of the one-kernel attention for these operands (attention_operands, on a CUDA
+/// device), or false where the kernel does not take them (the caller decomposes).
+inline bool attention_signature(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, AttentionSignature& s) {
+    if (!q.device().is_cuda() || !attention_operands(q, k, v, mask)) return false;
+    if (q.numel() == 0 || k.numel() == 0 || q.size(0) > 65535 || q.size(1) > 65535) return false;
     const std::int64_t D = q.size(3);
-    if (k.size(3) != D || v.size(3) != D || v.size(2) != k.size(2) || q.numel() == 0 || k.numel() == 0) return false;
-    if (q.size(0) > 65535 || q.size(1) > 65535) return false;
     s = AttentionSignature{};
     s.dtype = q.dtype();
     s.head_dim = static_cast<int>(D);
@@ -38,11 +49,7 @@ inline bool attention_signature(const Tensor& q, const Tensor& k, const Tensor& 
     // one thread per query row reads every key from shared memory for each of its FMAs: on long
     // sequences (BERT's 128 tokens in f32) cuBLAS's GEMMs and the row kernel are faster
     if (!s.mma && k.size(2) > max_row_attention_keys) return false;
-
     if (mask.defined()) {
-        if (!(mask.device() == q.device()) || mask.rank() > 4) return false;
-        Shape full{q.size(0), q.size(1), q.size(2), k.size(2)}, out;
-        if (!kiln::detail::try_broadcast(mask.shape(), full, out) || !(out == full)) return false;
         if (mask.dtype() == DType::boolean) s.mask = 1;
         else if (mask.dtype() == DType::f32 || mask.dtype() == DType::f16 || mask.dtype() == DType::bf16) s.mask = 2, s.mask_dtype = mask.dtype();
         else return false;

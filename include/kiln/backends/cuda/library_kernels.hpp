@@ -192,7 +192,7 @@ inline KernelText rng_advance_kernel() {
 }
 
 /// What an attention kernel's text depends on. mask: 0 none, 1 bool (false masks out), 2 additive
-/// (mask_dtype). mma: the tensor-core variant (f16/bf16, sm_80+), head_dim padded to 16 there.
+/// (mask_dtype: f32, f16 or bf16). mma: the tensor-core variant (f16/bf16, sm_80+), head_dim padded to 16 there.
 struct AttentionSignature {
     DType dtype = DType::f32;  ///< q, k, v and the output
     int head_dim = 64;         ///< D of q, k and v (1..128 with mma, 1..64 without)
@@ -221,9 +221,8 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
     KernelText k;
     k.name = "kiln_attention_" + s.key();
     std::string src = "typedef " + std::string(T) + " T;\n";
-    if (s.mask == 1) src += "typedef unsigned char M;\n";
-    else if (s.mask == 2) src += std::string("typedef ") + (s.mask_dtype == DType::f32 ? "float" : s.mask_dtype == DType::f64 ? "double" : "unsigned short") + " M;\n";
-    else src += "typedef unsigned char M;\n";
+    // the mask's element: bool bytes, or an additive mask's f32 / f16 / bf16 bits
+    src += std::string("typedef ") + (s.mask != 2 ? "unsigned char" : s.mask_dtype == DType::f32 ? "float" : "unsigned short") + " M;\n";
     // element loads and stores in f32
     auto ld_fn = [](DType d, const char* name, const char* type) {
         std::string f = "__device__ __forceinline__ float " + std::string(name) + "(" + type + " x) { ";
@@ -233,7 +232,7 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
         return f;
     };
     src += ld_fn(s.dtype, "ld", T);
-    if (s.mask == 2) src += ld_fn(s.mask_dtype, "ldm", s.mask_dtype == DType::f32 ? "float" : s.mask_dtype == DType::f64 ? "double" : "unsigned short");
+    if (s.mask == 2) src += ld_fn(s.mask_dtype, "ldm", "M");
     if (s.dtype == DType::bf16)
         src += "__device__ __forceinline__ T st(float x) { unsigned short r; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(r) : \"f\"(x)); return r; }\n"
                "__device__ __forceinline__ unsigned pack2(float lo, float hi) { unsigned r; asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }\n";
@@ -303,8 +302,7 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
                "    for (int i = threadIdx.x; i < (KT - nk) * D; i += blockDim.x) Vs[nk + i / D][i % D] = 0.f;  // p is 0 there, V must not be NaN\n"
                "    __syncthreads();\n"
                "    if (!active) continue;\n"
-               "    const int n = (int)(Sk - k0 < KT ? Sk - k0 : KT);\n"
-               "    for (int c = 0; c < n; c += 8) {\n"
+               "    for (int c = 0; c < nk; c += 8) {\n"
                "      float sc[8], mvs[8], cm = NEG;\n"
                "      #pragma unroll\n"
                "      for (int j = 0; j < 8; ++j) { const long long key = k0 + c + j; mvs[j] = " + mask_term + "; }\n"
