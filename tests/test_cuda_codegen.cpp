@@ -112,6 +112,11 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                     sig.dtypes.push_back(g[G.leaves[k]].dtype);
                 }
                 add(cuda::detail::reduce_kernel(g, G, sig));
+                if (sig.partial) {  // the same, finished by its last block (one launch)
+                    cuda::detail::ReduceSignature one = sig;
+                    one.finish = true;
+                    add(cuda::detail::reduce_kernel(g, G, one));
+                }
                 const ir::Node& r = g[G.outputs[0]];
                 if (sig.partial)
                     add(cuda::detail::combine_kernel(r.rkind, compute_dtype(r.dtype) == DType::boolean ? DType::f32 : compute_dtype(r.dtype),
@@ -334,7 +339,7 @@ TEST_CASE("gather / scatter / scatter_add kernels compile for every mode, dtype,
     CHECK(compile_all(src, {90}) == src.size());
 }
 
-TEST_CASE("every variant of the library kernel registry (im2col, max_pool, gather_rows, attention) compiles") {
+TEST_CASE("every variant of the library kernel registry (im2col, max_pool and its gradient, gather_rows, attention) compiles") {
     TempCache tc;
     std::vector<cache::KernelSource> src;
     std::set<std::string> names;
@@ -342,7 +347,7 @@ TEST_CASE("every variant of the library kernel registry (im2col, max_pool, gathe
         src.push_back({k.source, k.name, {}});
         names.insert(k.name);
     }
-    CHECK(src.size() == 41);  // im2col 8, gather_rows 4, max_pool 8, col2im 4, dropout_mask, rng_advance, attention 15
+    CHECK(src.size() == 49);  // im2col 8, gather_rows 4, max_pool 8, col2im 4, max_pool_argmax 4, max_pool_backward 4, dropout_mask, rng_advance, attention 15
     CHECK(names.size() == src.size());  // each variant its own kernel name (the cache keys on the text, logs on the name)
     CHECK(compile_all(src) == src.size());
 }

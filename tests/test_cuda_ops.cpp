@@ -143,6 +143,41 @@ TEST_CASE("cuda: reductions over every axis pattern, keepdim, and long rows (spl
     CHECK(sum(cu(ints), 0).dtype() == DType::i64);
 }
 
+TEST_CASE("cuda: split reductions (column sums over (N, H, W), few long rows) finish in one launch and match float64" *
+          doctest::skip(kiln_test::no_cuda())) {
+    // (N, H, W, C) sums over (0, 1, 2) are column reductions split into chunks; a few long rows
+    // split too. The last block of each row combines the partials; the counters it leaves at 0
+    // serve the next launch, so repeated calls, a compiled program and its CUDA graph agree.
+    const Tensor x = randn({16, 28, 28, 64}), rows = randn({3, 300000});
+    const Tensor xd = cu(x), rd = cu(rows);
+    const Tensor x64 = x.to(DType::f64), r64 = rows.to(DType::f64), factors = Tensor(rows * 1e-3 + 1);
+    for (int rep = 0; rep < 3; ++rep) {
+        CHECK(rel_err(sum(xd, {0, 1, 2}), sum(x64, {0, 1, 2})) < 1e-5);
+        CHECK(rel_err(mean(Tensor(xd * xd), {0, 1, 2}), mean(Tensor(x64 * x64), {0, 1, 2})) < 1e-5);
+        CHECK(equal(kiln::max(xd, {0, 1, 2}), kiln::max(x, {0, 1, 2})));
+        CHECK(equal(kiln::min(xd, {0, 1, 2}, true), kiln::min(x, {0, 1, 2}, true)));
+        CHECK(rel_err(sum(rd, 1), sum(r64, 1)) < 1e-5);
+        CHECK(equal(kiln::max(rd, 1), kiln::max(rows, 1)));
+        // f32 products of 300000 factors land about 1e-4 from the exact product on both devices (the CPU's
+        // too); a chunk left out or counted twice would move them by ~1e-2
+        CHECK(rel_err(prod(cu(factors), 1), prod(factors.to(DType::f64), 1)) < 5e-4);
+    }
+    // deterministic: the same bits every call
+    CHECK(equal(sum(xd, {0, 1, 2}), sum(xd, {0, 1, 2})));
+    CHECK(equal(sum(rd, 1), sum(rd, 1)));
+    for (Mode m : {Mode::normal, Mode::reduce_overhead}) {
+        Options o;
+        o.mode = m;
+        auto f = compile([](const Tensor& a, const Tensor& b) {
+            const Tensor mu = mean(a, {0, 1, 2});
+            return Tensor(sum(Tensor((a - mu) * (a - mu)), {0, 1, 2}) + sum(sum(b, 1)));
+        }, o);
+        const Tensor mu64 = mean(x64, {0, 1, 2});
+        const Tensor ref = Tensor(sum(Tensor((x64 - mu64) * (x64 - mu64)), {0, 1, 2}) + sum(sum(r64, 1)));
+        for (int rep = 0; rep < 4; ++rep) CHECK(rel_err(f(xd, rd), ref) < 1e-5);
+    }
+}
+
 TEST_CASE("cuda: softmax, log_softmax, layer_norm and logsumexp rows" * doctest::skip(kiln_test::no_cuda())) {
     for (std::int64_t L : {1, 7, 64, 1000, 4096, 5000}) {
         INFO("row length " << L);
@@ -606,6 +641,39 @@ TEST_CASE("cuda: cuDNN convolutions (bias, relu, residual, stride, dilation, dty
             const Tensor xt = dt == DType::i32 || dt == DType::i64 ? Tensor(x * 100.0).to(dt) : x.to(dt);
             CHECK(equal(nn::max_pool2d(cu(xt), pool), nn::max_pool2d(xt, pool)));
             CHECK(equal(nn::max_pool2d(cu(nn::detail::channels_last(xt)), pool), nn::max_pool2d(xt, pool)));
+        }
+    }
+}
+
+TEST_CASE("cuda: max_pool2d's gradient (argmax pass, then per-element sums) equals the CPU's decomposition" * doctest::skip(kiln_test::no_cuda())) {
+    manual_seed(31);
+    for (const nn::Window pool : {nn::Window{3, 3, 2, 2, 1, 1, 1, 1}, nn::Window{2, 3, 1, 2, 0, 1, 2, 1}, nn::Window{3, 3, 1, 1, 1, 1, 1, 1}}) {
+        CAPTURE(pool.str());
+        // rounded values: many windows hold ties, whose gradient goes to the first maximum
+        const Tensor x0 = Tensor(kiln::round(randn({2, 5, 11, 9}) * 2.0));
+        const Tensor gy = randn(nn::max_pool2d(x0, pool).shape());
+        for (DType dt : {DType::f32, DType::f64}) {
+            CAPTURE(dtype_name(dt));
+            const auto grad_of = [&](const Tensor& x, const Tensor& g) {
+                Tensor v = x.detach();
+                v.requires_grad_();
+                nn::max_pool2d(v, pool).backward(g);
+                return v.grad().cpu();
+            };
+            const Tensor ref = grad_of(x0.to(dt), gy.to(dt));
+            CHECK(kiln_test::maxdiff(grad_of(cu(x0.to(dt)), cu(gy.to(dt))), ref) == 0);
+            // a channels-last input (the layout ResNet18 runs in)
+            CHECK(kiln_test::maxdiff(grad_of(cu(nn::detail::channels_last(x0.to(dt))), cu(gy.to(dt))), ref) == 0);
+            // compiled: the library op in the traced backward
+            auto step = compile([&](const Tensor& x, const Tensor& g) {
+                Tensor v = x.detach();
+                v.requires_grad_();
+                nn::max_pool2d(v, pool).backward(g);
+                return v.grad();
+            });
+            const Tensor xc = cu(x0.to(dt)), gc = cu(gy.to(dt));
+            CHECK(kiln_test::maxdiff(step(xc, gc).cpu(), ref) == 0);
+            CHECK(kiln_test::maxdiff(step(xc, gc).cpu(), ref) == 0);
         }
     }
 }

@@ -82,6 +82,16 @@ struct Conv2d {
     }
 };
 
+namespace detail {
+/// BatchNorm's training-mode map over channels-last x (N, H, W, C) given the batch's mean and
+/// biased variance (computed without recording): (x - mu) * rsqrt(var + eps) * weight + bias, with
+/// a hand-written backward (two column sums and one elementwise pass, instead of the
+/// decomposition's three sums, a materialized centred copy and per-channel kernels): db = sum(g),
+/// dw = sum(g * xhat), dx = weight * rsqrt(var + eps) * (g - db / n - xhat * dw / n).
+KILN_DECL Tensor batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mu, const Tensor& var,
+                                  double eps, const Loc& loc);
+}  // namespace detail
+
 /// torch.nn.BatchNorm2d. In eval mode (the default; nn::eval): (x - running_mean) / sqrt(running_var
 /// + eps) * weight + bias. In training mode (nn::train): the batch's mean and biased variance over
 /// (N, H, W) normalize, and the running statistics move by `momentum` toward the batch mean and the
@@ -115,17 +125,17 @@ struct BatchNorm2d {
         if (count < 2)
             kiln::detail::fail<ValueError>("BatchNorm2d", "training needs more than one value per channel, got input " +
                                                               detail::nchw_of(xt.shape()).str(), loc);
-        const Tensor mu = mean(xt, {0, 1, 2}, false, loc);
-        const Tensor centered(xt - mu, loc);
-        const Tensor var = mean(centered * centered, {0, 1, 2}, false, loc);
+        Tensor mu, var;
         {
-            const no_grad off;
+            const no_grad off;  // the statistics' share of the gradient is in batch_norm_train's backward
+            mu = mean(xt, {0, 1, 2}, false, loc);
+            var = mean(square(xt - mu), {0, 1, 2}, false, loc);
             Tensor rm = running_mean, rv = running_var;
             const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
             rm.copy_(Tensor(rm * (1 - momentum) + mu * momentum, loc), loc);
             rv.copy_(Tensor(rv * (1 - momentum) + var * (momentum * unbias), loc), loc);
         }
-        return Tensor(centered * (rsqrt(var + eps) * weight) + bias, loc);
+        return detail::batch_norm_train(xt, weight, bias, mu, var, eps, loc);
     }
     template <class F> void visit(const std::string& prefix, F&& f) {
         if (!defined()) return;  // folded into its convolution

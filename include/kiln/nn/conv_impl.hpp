@@ -304,6 +304,7 @@ inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tenso
 /// max_pool2d's gradient: each window's gradient goes to its first maximum (torch's argmax
 /// convention: ties and runs of equal values give it to the earliest position), then col2im.
 inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc);
+inline std::shared_ptr<ir::CallOp> max_pool2d_backward_op(const Window& win, const Loc& loc);
 
 /// w * scale and (bias - mean) * scale + shift per output channel (weight (OC, C, KH, KW); bias and
 /// mean (OC) or undefined, read as 0), computed in float64 and stored in the weight's dtype and
@@ -478,6 +479,9 @@ KILN_DECL void register_max_pool2d() {
     ir::register_library_op("max_pool2d", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
         return max_pool2d_op(window_of(a, "max_pool2d"), Loc::current());
     });
+    ir::register_library_op("max_pool2d_backward", [](const ir::CallAttrs& a) -> std::shared_ptr<const ir::CallOp> {
+        return max_pool2d_backward_op(window_of(a, "max_pool2d_backward"), Loc::current());
+    });
 }
 
 /// max_pool2d over a channels-last (N, H, W, C) tensor, giving (N, OH, OW, C).
@@ -492,7 +496,9 @@ KILN_DECL Tensor max_pool2d_nhwc(const Tensor& x, Window win, const Loc& loc) {
     return trace::call_op(max_pool2d_op(win, loc), {x}, x.dtype(), loc);
 }
 
-inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc) {
+/// max_pool2d's gradient from kiln ops (any device and float dtype): each window's maximum again,
+/// one gradient slice per window position, col2im.
+inline Tensor max_pool2d_backward_decomposed(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc) {
     const std::int64_t C = x.size(3), KK = win.kh * win.kw;
     const Tensor v = im2col_nhwc(x, win, neg_inf_bits(x.dtype()), loc);
     const std::int64_t rows = v.size(0);
@@ -508,6 +514,65 @@ inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window
         parts.push_back(Tensor(where(sel, g2, 0.0), loc));
     }
     return col2im(stack(parts, 1, loc).view({rows, KK * C}), x.shape(), win, loc);
+}
+
+/// Whether max_pool2d's gradient of x runs as the two CUDA kernels (f32 and f64 on CUDA).
+inline bool max_pool_backward_direct(const Tensor& x) {
+    return x.device().is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64);
+}
+
+/// max_pool2d's gradient on CUDA: the position each window of x (N, H, W, C; any strides) took,
+/// as int32 (N, OH, OW, C), then dx (N, H, W, C) whose elements sum the gradients g of the
+/// windows that took them. Two launches, no atomics, nothing as large as im2col's columns.
+inline Tensor max_pool_backward_cuda(const Tensor& x, const Tensor& g_in, const Window& win) {
+    const int device = x.device().index;
+    const Tensor g = g_in.contiguous();
+    const std::int64_t N = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3), OH = g.size(1), OW = g.size(2);
+    Tensor dx(Shape{N, H, W, C}, x.dtype(), x.device());
+    if (dx.numel() == 0) return dx;
+    Tensor at(Shape{N, OH, OW, C}, DType::i32, x.device());
+    const bool i64 = needs_i64(x, std::max(dx.numel(), at.numel()));
+    const cuda::CUstream stream = cuda::current_stream(device);
+    const auto grid = [](std::int64_t n) { return static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1 << 20)); };
+    if (at.numel() > 0) {
+        const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_argmax_kernel(x.dtype(), i64), device);
+        cuda::detail::Args a;
+        a.add_ptr(x.data_ptr());
+        a.add_ptr(at.data_ptr());
+        for (std::int64_t v : {at.numel(), C, H, W, x.stride(0), x.stride(1), x.stride(2), x.stride(3), OH, OW, win.kh, win.kw, win.sh,
+                               win.sw, win.ph, win.pw, win.dh, win.dw})
+            a.add(v);
+        cuda::detail::launch(f, grid(at.numel()), 256, 0, stream, a.finish());
+    }
+    const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_backward_kernel(x.dtype(), i64), device);
+    cuda::detail::Args a;
+    a.add_ptr(g.data_ptr());
+    a.add_ptr(at.data_ptr());
+    a.add_ptr(dx.data_ptr());
+    for (std::int64_t v : {dx.numel(), C, H, W, OH, OW, win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw}) a.add(v);
+    cuda::detail::launch(f, grid(dx.numel()), 256, 0, stream, a.finish());
+    return dx;
+}
+
+/// The library op of max_pool2d's gradient (operands x and g, channels-last): the CUDA kernels
+/// where they apply, else the decomposition run eagerly (a program traced on CUDA and loaded on the
+/// CPU).
+inline std::shared_ptr<ir::CallOp> max_pool2d_backward_op(const Window& win, const Loc& loc) {
+    auto op = std::make_shared<ir::CallOp>();
+    op->key = "max_pool2d_backward(" + win.str() + ")";
+    op->shape = [](const std::vector<Shape>& s) { return s[0]; };
+    op->run = [win, loc](const std::vector<Tensor>& in) {
+        if (max_pool_backward_direct(in[0]) && in[1].dtype() == in[0].dtype()) return max_pool_backward_cuda(in[0], in[1], win);
+        return max_pool2d_backward_decomposed(in[0], in[1], win, loc);
+    };
+    op->name = "max_pool2d_backward";
+    op->attrs = window_attrs(win);
+    return op;
+}
+
+inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc) {
+    if (max_pool_backward_direct(x) && g.dtype() == x.dtype()) return trace::call_op(max_pool2d_backward_op(win, loc), {x, g}, x.dtype(), loc);
+    return max_pool2d_backward_decomposed(x, g, win, loc);
 }
 
 }  // namespace detail
@@ -542,6 +607,24 @@ KILN_DECL Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::int64_t k, std:
 }
 
 KILN_DECL Tensor Conv2d::nhwc(const Tensor& x, Loc loc) const { return detail::conv2d_nhwc(x, weight, bias, win, act, loc); }
+
+namespace detail {
+KILN_DECL Tensor batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mu, const Tensor& var,
+                                  double eps, const Loc& loc) {
+    const auto forward = [&] { return Tensor((x - mu) * (rsqrt(var + eps) * weight) + bias, loc); };
+    if (!autograd::detail::needs_grad({&x, &weight, &bias})) return forward();
+    const double n = static_cast<double>(x.numel() / std::max<std::int64_t>(1, x.size(3)));
+    return autograd::detail::library(
+        "batch_norm", {&x, &weight, &bias}, forward,
+        [xd = x.detach(), wd = weight.detach(), mu, var, eps, n, loc](const Tensor& g) {
+            const Tensor db = sum(g, {0, 1, 2}, false, loc);
+            const Tensor dw = sum(Tensor(g * ((xd - mu) * rsqrt(var + eps))), {0, 1, 2}, false, loc);
+            const Tensor dx((g - db / n - (xd - mu) * rsqrt(var + eps) * (dw / n)) * (rsqrt(var + eps) * wd), loc);
+            return std::vector<Tensor>{dx, dw, db};
+        },
+        loc);
+}
+}  // namespace detail
 
 KILN_DECL BatchNorm2d::BatchNorm2d(std::int64_t c, Init o) {
     weight = ones({c}, o.dtype, o.device);

@@ -692,7 +692,8 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
 // ------------------------------------------------------------------ reduce family
 /// A reduction (or arg-reduction) with its elementwise prologue over rows of any length: blocks
 /// of 256 threads, `chunks` blocks per row; each block reduces its part of the row; with more
-/// than one chunk the block writes a partial (accumulator type) that a second launch combines.
+/// than one chunk the block writes a partial (accumulator type) that a second launch combines, or
+/// (`finish`) the last block of the row to arrive combines, in the same launch.
 struct ReduceSignature {
     int outer_rank = 0, inner_rank = 0;
     std::vector<Access> inner_access;  ///< per leaf
@@ -707,8 +708,13 @@ struct ReduceSignature {
     /// the 8 warps of a block split the block's chunk of the row, so each load is one coalesced
     /// line; the warps' sums meet in shared memory. Not for arg-reductions.
     bool columns = false;
+    /// With `partial`: the blocks of a row (of a group of 32 rows in column layout) count
+    /// themselves in sem_[row] (a zeroed counter) after storing their partials; the last one
+    /// combines the row's partials in chunk order, stores the result into fin_ and sets the counter
+    /// back to 0. Deterministic; one launch instead of two.
+    bool finish = false;
     std::string key() const {
-        std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (partial ? "p" : "f") +
+        std::string k = std::to_string(outer_rank) + "." + std::to_string(inner_rank) + (idx64 ? "L" : "i") + (partial ? (finish ? "P" : "p") : "f") +
                         "g" + std::to_string(lanes) + (columns ? "c" : "") + ":";
         for (std::size_t i = 0; i < inner_access.size(); ++i) k += access_code(inner_access[i]) + std::to_string(static_cast<int>(dtypes[i]));
         return k;
@@ -734,7 +740,15 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     for (std::size_t k = 0; k < nl; ++k) s += "const " + std::string(storage_type(sig.dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
     const std::string out_t = sig.partial ? at : arg ? "long long" : storage_type(rn.dtype);
     s += out_t + "* __restrict__ out, long long rows, long long L, long long chunks" + row_params(sig.inner_access, Ro, Ri);
+    const bool fin = sig.partial && sig.finish && !arg;
+    if (fin) s += std::string(", unsigned* __restrict__ sem_, ") + storage_type(rn.dtype) + "* __restrict__ fin_";
     s += ") {\n  typedef " + idx + " idx_t;\n";
+    if (fin) s += "  __shared__ bool last_;\n";
+    // the last block to arrive (after every block's partials are visible) combines them
+    const auto arrive = [](const std::string& counter) {
+        return "    __threadfence();\n    __syncthreads();\n    if (threadIdx.x == 0) last_ = atomicAdd(&sem_[" + counter +
+               "], 1u) == (unsigned)(chunks - 1);\n    __syncthreads();\n";
+    };
     const int GL = sig.lanes;
     const std::string gs = std::to_string(GL);
     if (sig.columns) {
@@ -818,7 +832,19 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         } else {
             s += "      if (live_) out[r] = " + store_conv(rn.dtype, final_value) + ";\n";
         }
-        s += "    }\n    __syncthreads();\n  }\n}\n";
+        s += "    }\n";
+        if (fin) {
+            s += arrive("rg_");
+            s += "    if (last_) {\n      acc = " + identity_text(rn.rkind, acc) + ";\n";
+            s += "      for (idx_t c = warp_; c < (idx_t)chunks; c += 8) acc = " +
+                 combine_text(rn.rkind, "acc", "((volatile " + at + "*)out)[r * (idx_t)chunks + c]") + ";\n";
+            s += "      ((" + at + "*)csm_)[threadIdx.x] = acc;\n      __syncthreads();\n";
+            s += "      if (warp_ == 0) {\n        for (int w = 1; w < 8; ++w) acc = " +
+                 combine_text(rn.rkind, "acc", "((" + at + "*)csm_)[w * 32 + lane_]") + ";\n";
+            s += "        if (live_) fin_[r] = " + store_conv(rn.dtype, final_value) + ";\n      }\n";
+            s += "      if (threadIdx.x == 0) sem_[rg_] = 0;\n    }\n";
+        }
+        s += "    __syncthreads();\n  }\n}\n";
         return finish_kernel("red", s);
     } else if (!arg) {
         const std::string comb = "[](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(rn.rkind, "a", "b") + "); }";
@@ -826,6 +852,14 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         else s += "    acc = kiln_group_reduce<" + gs + ">(acc, " + comb + ");\n";
         if (sig.partial) {
             s += "    if (threadIdx.x == 0) out[blk] = acc;\n";
+            if (fin) {
+                s += arrive("r");
+                s += "    if (last_) {\n      acc = " + identity_text(rn.rkind, acc) + ";\n";
+                s += "      for (idx_t c = threadIdx.x; c < (idx_t)chunks; c += blockDim.x) acc = " +
+                     combine_text(rn.rkind, "acc", "((volatile " + at + "*)out)[r * (idx_t)chunks + c]") + ";\n";
+                s += "      acc = kiln_block_reduce(acc, " + comb + ", (" + at + "*)smem_, " + identity_text(rn.rkind, acc) + ");\n";
+                s += "      if (threadIdx.x == 0) { fin_[r] = " + store_conv(rn.dtype, final_value) + "; sem_[r] = 0; }\n    }\n";
+            }
         } else {
             s += std::string(GL == 0 ? "    if (threadIdx.x == 0)" : "    if (live_ && lane_ == 0)") + " out[r] = " + store_conv(rn.dtype, final_value) + ";\n";
         }

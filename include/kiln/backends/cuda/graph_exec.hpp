@@ -86,19 +86,22 @@ inline unsigned grid_for(std::int64_t work, int threads, int device, int waves =
 /// elementwise kernel), KILN_CUDA_EW_WAVES (its grid, in waves of resident blocks) and
 /// KILN_CUDA_ROW_ELEMS (row elements each thread of a row kernel holds) and KILN_CUDA_ROW_LANES
 /// (threads per short row: 0 = a block per row always; 1, 2, ..., 32 = that many; unset = the
-/// heuristic, short_row_lanes).
+/// heuristic, short_row_lanes); KILN_CUDA_SPLIT_FINISH=0 finishes split reductions with a second
+/// launch instead of in their own (ReduceSignature::finish).
 struct Tuning {
     int ew_unroll = 1;    // measured on the H100: 1, 2 and 4 within noise of each other (chain64M)
     int ew_waves = 1 << 20;  // grid cap in waves of resident blocks: none (one vector per thread) measured
                              // 96% of copy on chain64M (H100) against 91% with 4 waves and 81% with 1
     int row_elems = 16;   // with exact rows (no bounds checks) 16 f32 per thread keep ~40 registers
     int row_lanes = -1;   // -1: short_row_lanes decides
+    bool split_finish = true;
     static const Tuning& get() {
         static const Tuning t = [] {
             Tuning r;
             if (const char* e = std::getenv("KILN_CUDA_EW_UNROLL")) r.ew_unroll = std::clamp(std::atoi(e), 1, 8);
             if (const char* e = std::getenv("KILN_CUDA_ROW_ELEMS")) r.row_elems = std::clamp(std::atoi(e), 1, 64);
             if (const char* e = std::getenv("KILN_CUDA_EW_WAVES")) r.ew_waves = std::clamp(std::atoi(e), 1, 1 << 20);
+            if (const char* e = std::getenv("KILN_CUDA_SPLIT_FINISH")) r.split_finish = std::atoi(e) != 0;
             if (const char* e = std::getenv("KILN_CUDA_ROW_LANES")) {
                 const int v = std::atoi(e);
                 r.row_lanes = v <= 0 ? 0 : static_cast<int>(std::bit_floor(static_cast<unsigned>(std::min(v, 32))));
@@ -636,6 +639,27 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
         if (const CUfunction f = memo.find(key)) remember_launch(memo, G, vals, outs, S, Strides{}, f, std::move(tail), grid, block);
 }
 
+/// Zeroed counters (at least n) for split reductions that finish in one launch
+/// (ReduceSignature::finish), one set per device and stream: a launch counts its blocks per row
+/// there and its last block sets each count back to 0, so the launches of a stream, which run one
+/// after another, share them. Null when n is too large, or while the stream is being captured and
+/// it has none yet (the memset that zeroes them must run before they are first used).
+inline unsigned* reduce_counters(int device, CUstream s, std::int64_t n) {
+    constexpr std::int64_t size = std::int64_t{1} << 14;
+    if (n > size) return nullptr;
+    static std::mutex mu;
+    static std::map<std::pair<int, CUstream>, CUdeviceptr> sets;
+    const std::lock_guard lock(mu);
+    const auto it = sets.find({device, s});
+    if (it != sets.end()) return reinterpret_cast<unsigned*>(it->second);
+    if (capturing(s)) return nullptr;
+    CUdeviceptr p = 0;
+    detail::check(detail::driver().mem_alloc(&p, static_cast<std::size_t>(size) * sizeof(unsigned)), "cuMemAlloc (reduction counters)");
+    detail::check(detail::driver().memset_d32_async(p, 0, static_cast<std::size_t>(size), s), "cuMemsetD32Async (reduction counters)");
+    sets.emplace(std::pair{device, s}, p);
+    return reinterpret_cast<unsigned*>(p);
+}
+
 inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
                        KernelMemo& combine_memo, Launcher& L) {
     const int r = G.outputs[0];
@@ -693,6 +717,10 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
     }
     sig.partial = chunks > 1;
     if (!sig.partial && !sig.columns) sig.lanes = short_row_lanes(lay.L, 128);
+    unsigned* counters = nullptr;
+    if (sig.partial && !arg && Tuning::get().split_finish)
+        counters = reduce_counters(device, current_stream(device), sig.columns ? (lay.rows + 31) / 32 : lay.rows);
+    sig.finish = counters != nullptr;
     const DType acc = arg ? compute_dtype(g[rn.in[0]].dtype) : compute_dtype(rn.dtype);
     Tensor partial = sig.partial ? new_on(Shape{lay.rows * chunks}, acc == DType::boolean ? DType::f32 : acc, device) : Tensor();
     Args a;
@@ -708,12 +736,16 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
         if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
             for (auto s : lay.si[k]) a.add(s);
     }
+    if (sig.finish) {
+        a.add_ptr(counters);
+        a.add_ptr(out.data_ptr());
+    }
     const std::int64_t units = sig.columns   ? (lay.rows + 31) / 32 * chunks
                                : sig.lanes > 0 ? (lay.rows * sig.lanes + 255) / 256
                                                : lay.rows * chunks;  // blocks' worth of rows
     const std::int64_t blocks = std::min<std::int64_t>(units, static_cast<std::int64_t>(sms) * 32);
     L.add(memo, sig.key(), [&g, &G, sig] { return reduce_kernel(g, G, sig); }, std::move(a), static_cast<unsigned>(blocks), 256);
-    if (!sig.partial) return;
+    if (!sig.partial || sig.finish) return;
     const std::string ckey = std::to_string(static_cast<int>(rn.rkind)) + "/" + std::to_string(static_cast<int>(acc)) + "/" +
                              std::to_string(static_cast<int>(rn.dtype)) + "/" + std::to_string(rn.correction);
     Args b;

@@ -5,6 +5,9 @@
 // the NVRTC compile test (tests/test_cuda_codegen.cpp) builds each without a GPU.
 //   im2col_kernel       conv2d's patch matrix (channels-last input), any element size
 //   max_pool_kernel     max_pool2d, one thread per output, NaN wins, padding never does
+//   max_pool_argmax_kernel, max_pool_backward_kernel
+//                       max_pool2d's gradient: the position each window took, then per input
+//                       element the sum of the gradients of the windows that took it
 //   gather_rows_kernel  embedding lookups: rows of a table by int64 id
 //   col2im_kernel       the gradient of im2col: each input element sums the columns that read it
 //   dropout_mask_kernel dropout's keep mask from Philox4x32-10, counters read from a device offset
@@ -101,6 +104,83 @@ inline KernelText max_pool_kernel(DType dtype, bool i64) {
                "      }\n"
                "    }\n"
                "    y[i] = m;\n"
+               "  }\n}\n";
+    return k;
+}
+
+/// max_pool2d's backward, first pass: for each output window of x (N, H, W, C; any strides), the
+/// position (a * KW + b) of the element the forward took (the same scan and rule as
+/// max_pool_kernel: a larger value or a NaN replaces the kept one, so ties go to the first
+/// maximum; a window of lowest values keeps its first position inside the input), as int32
+/// (N, OH, OW, C). dtype f32 or f64. i64: 64-bit index math.
+inline KernelText max_pool_argmax_kernel(DType dtype, bool i64) {
+    const char* T = dtype == DType::f64 ? "double" : "float";
+    const char* I = i64 ? "long long" : "int";
+    const std::string lowest = dtype == DType::f64 ? "__longlong_as_double(0xfff0000000000000LL)" : "__int_as_float(0xff800000)";
+    KernelText k;
+    k.name = "kiln_max_pool_argmax_" + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
+    k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
+               "(const T* __restrict__ x, int* __restrict__ at, long long total_, long long C_, long long H_, long long W_, "
+               "long long sN_, long long sH_, long long sW_, long long sC_, long long OH_, long long OW_, long long KH_, long long KW_, "
+               "long long SH_, long long SW_, long long PH_, long long PW_, long long DH_, long long DW_) {\n"
+               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n"
+               "  const I OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_;\n"
+               "  const I DH = (I)DH_, DW = (I)DW_;\n"
+               "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
+               "    const I c = i % C, r = i / C, ow = r % OW, r2 = r / OW, oh = r2 % OH, n = r2 / OH;\n"
+               "    const T* base = x + n * sN + c * sC;\n"
+               "    T m = " + lowest + ";\n"
+               "    int pos = -1;\n"
+               "    for (I a = 0; a < KH; ++a) {\n"
+               "      const I h = oh * SH - PH + a * DH;\n"
+               "      if (h < 0 || h >= H) continue;\n"
+               "      for (I b = 0; b < KW; ++b) {\n"
+               "        const I w = ow * SW - PW + b * DW;\n"
+               "        if (w < 0 || w >= W) continue;\n"
+               "        const T v = base[h * sH + w * sW];\n"
+               "        if (pos < 0 || v > m || v != v) { pos = (int)(a * KW + b); m = v; }\n"
+               "      }\n"
+               "    }\n"
+               "    at[i] = pos;\n"
+               "  }\n}\n";
+    return k;
+}
+
+/// max_pool2d's backward, second pass: dx (N, H, W, C; contiguous) where each element sums the
+/// gradients g (N, OH, OW, C; contiguous) of the windows whose taken position (`at`, from
+/// max_pool_argmax_kernel) it is. One thread per element, no atomics. dtype f32 or f64.
+inline KernelText max_pool_backward_kernel(DType dtype, bool i64) {
+    const char* T = dtype == DType::f64 ? "double" : "float";
+    const char* I = i64 ? "long long" : "int";
+    KernelText k;
+    k.name = "kiln_max_pool_backward_" + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
+    k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
+               "(const T* __restrict__ g, const int* __restrict__ at, T* __restrict__ dx, long long total_, long long C_, long long H_, "
+               "long long W_, long long OH_, long long OW_, long long KH_, long long KW_, long long SH_, long long SW_, long long PH_, "
+               "long long PW_, long long DH_, long long DW_) {\n"
+               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_;\n"
+               "  const I SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_, DH = (I)DH_, DW = (I)DW_;\n"
+               "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
+               "    const I c = i % C, r = i / C, w = r % W, r2 = r / W, h = r2 % H, n = r2 / H;\n"
+               "    T acc = 0;\n"
+               // only the windows that hold (h, w): oh with 0 <= h + PH - oh * SH <= (KH - 1) * DH,
+               // walked downwards so the window positions a (and b) come in increasing order
+               "    const I th = h + PH, tw = w + PW, lh = th - (KH - 1) * DH, lw = tw - (KW - 1) * DW;\n"
+               "    const I oh0 = lh <= 0 ? 0 : (lh + SH - 1) / SH, ow0 = lw <= 0 ? 0 : (lw + SW - 1) / SW;\n"
+               "    const I oh1 = th / SH < OH - 1 ? th / SH : OH - 1, ow1 = tw / SW < OW - 1 ? tw / SW : OW - 1;\n"
+               "    for (I oh = oh1; oh >= oh0; --oh) {\n"
+               "      const I da = th - oh * SH;\n"
+               "      if (DH != 1 && da % DH != 0) continue;\n"
+               "      const I a = DH == 1 ? da : da / DH;\n"
+               "      for (I ow = ow1; ow >= ow0; --ow) {\n"
+               "        const I db = tw - ow * SW;\n"
+               "        if (DW != 1 && db % DW != 0) continue;\n"
+               "        const I b = DW == 1 ? db : db / DW;\n"
+               "        const I o = ((n * OH + oh) * OW + ow) * C + c;\n"
+               "        if (at[o] == (int)(a * KW + b)) acc += g[o];\n"
+               "      }\n"
+               "    }\n"
+               "    dx[i] = acc;\n"
                "  }\n}\n";
     return k;
 }
@@ -478,7 +558,11 @@ inline std::vector<KernelText> library_kernel_sources() {
     for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64})
         for (bool i64 : {false, true}) out.push_back(max_pool_kernel(d, i64));
     for (DType d : {DType::f32, DType::f64})
-        for (bool i64 : {false, true}) out.push_back(col2im_kernel(d, i64));
+        for (bool i64 : {false, true}) {
+            out.push_back(col2im_kernel(d, i64));
+            out.push_back(max_pool_argmax_kernel(d, i64));
+            out.push_back(max_pool_backward_kernel(d, i64));
+        }
     out.push_back(dropout_mask_kernel());
     out.push_back(rng_advance_kernel());
     // attention: each mask kind in f32 (rows) and bf16 (mma), then the other dtypes and edge head dims
