@@ -767,6 +767,83 @@ TEST_CASE("onnx import: a Conv takes the residual Add and Relu after it; element
     CHECK(kiln_test::maxdiff(ep.run({x, w1, w2, b2})[0], want) < 1e-4);
 }
 
+TEST_CASE("onnx import: torch.onnx's attention (q and k each scaled, k transposed through Reshape/Transpose/Reshape, Dropout) is one op") {
+    // F.scaled_dot_product_attention as torch.onnx decomposes it: Softmax(MatMul(q * s, k^T * s) +
+    // mask) -> Dropout (inference) -> MatMul(., v), s = D^-1/4; and the plain-Transpose form
+    const std::int64_t B = 2, H = 3, S = 5, D = 8;
+    for (const bool reshaped : {true, false}) {
+        CAPTURE(reshaped);
+        ::onnx::ModelProto m;
+        m.set_ir_version(8);
+        m.add_opset_import()->set_version(17);
+        ::onnx::GraphProto* g = m.mutable_graph();
+        g->set_name("g");
+        auto input = [&](const std::string& name, std::vector<std::int64_t> shape) {
+            ::onnx::ValueInfoProto* v = g->add_input();
+            v->set_name(name);
+            auto* t = v->mutable_type()->mutable_tensor_type();
+            t->set_elem_type(::onnx::TensorProto::FLOAT);
+            for (std::int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
+        };
+        auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
+            ::onnx::NodeProto* n = g->add_node();
+            n->set_op_type(op);
+            n->set_name(out);
+            for (const auto& i : in) n->add_input(i);
+            n->add_output(out);
+            return n;
+        };
+        auto ints = [](::onnx::NodeProto* n, const char* name, std::vector<std::int64_t> v) {
+            auto* a = n->add_attribute();
+            a->set_name(name);
+            a->set_type(v.size() == 1 && std::string(name) == "axis" ? ::onnx::AttributeProto::INT : ::onnx::AttributeProto::INTS);
+            if (a->type() == ::onnx::AttributeProto::INT) a->set_i(v[0]);
+            else for (std::int64_t x : v) a->add_ints(x);
+        };
+        auto init_i64 = [&](const std::string& name, std::vector<std::int64_t> v) {
+            ::onnx::TensorProto* t = g->add_initializer();
+            t->set_name(name);
+            t->set_data_type(::onnx::TensorProto::INT64);
+            t->add_dims(static_cast<std::int64_t>(v.size()));
+            for (std::int64_t x : v) t->add_int64_data(x);
+        };
+        ::onnx::TensorProto* sq = g->add_initializer();
+        sq->set_name("sq");
+        sq->set_data_type(::onnx::TensorProto::FLOAT);
+        sq->add_float_data(static_cast<float>(std::pow(static_cast<double>(D), -0.25)));
+        input("q", {B, H, S, D});
+        input("k", {B, H, S, D});
+        input("v", {B, H, S, D});
+        input("mask", {B, 1, S, S});
+        node("Mul", {"q", "sq"}, "qs");
+        if (reshaped) {
+            init_i64("s3", {-1, S, D});
+            init_i64("s4", {B, H, D, S});
+            node("Reshape", {"k", "s3"}, "k3");
+            ints(node("Transpose", {"k3"}, "k3t"), "perm", {0, 2, 1});
+            node("Reshape", {"k3t", "s4"}, "kt");
+        } else {
+            ints(node("Transpose", {"k"}, "kt"), "perm", {0, 1, 3, 2});
+        }
+        node("Mul", {"sq", "kt"}, "kts");  // the scale first: either order is matched
+        node("MatMul", {"qs", "kts"}, "sc");
+        if (reshaped) node("Add", {"sc", "mask"}, "scm");
+        else node("Add", {"mask", "sc"}, "scm");  // the mask first
+        ints(node("Softmax", {"scm"}, "p"), "axis", {-1});
+        node("Dropout", {"p"}, "pd");
+        node("MatMul", {"pd", "v"}, "out");
+        g->add_output()->set_name("out");
+        const ExportedProgram ep = kiln::onnx::from_model(m);
+        CHECK(ep.graph_str().find("attention(") != std::string::npos);
+        CHECK(ep.graph_str().find("softmax") == std::string::npos);
+        kiln::manual_seed(15);
+        const Tensor q = kiln::randn({B, H, S, D}), k = kiln::randn({B, H, S, D}), v = kiln::randn({B, H, S, D});
+        const Tensor mask = Tensor(kiln::randn({B, 1, S, S}) * 2.0);
+        const Tensor want = nn::scaled_dot_product_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), mask.to(DType::f64));
+        CHECK(kiln_test::maxdiff(ep.run({q, k, v, mask})[0].to(DType::f64), want) < 1e-5);
+    }
+}
+
 TEST_CASE("onnx import: what kiln cannot run is an ImportError naming the node; bad files are ValueErrors; constants bind inputs") {
     using onnx_test::one_node;
     auto message = [](auto&& f) { return message_of<kiln::onnx::ImportError>(f); };

@@ -323,13 +323,19 @@ private:
         return j >= 0 && cast_target(g_.node(j)) == d;
     }
 
-    /// scaled_dot_product_attention as ONNX writers decompose it (kiln's exporter among them):
-    /// MatMul(Softmax(S [+ mask | Where(mask, S, -inf)]), v) with S = MatMul(q, Transpose(k, 0 1 3 2))
-    /// times 1/sqrt(D) (or divided by sqrt(D)), q, k and v of rank 4, the softmax over the last
-    /// axis. Node i is that final MatMul: run it as nn::scaled_dot_product_attention (one kernel on
-    /// CUDA; the decomposition's nodes become dead code). q, k and v that are Casts to float of
-    /// one narrow dtype are read narrow (the result is then that dtype, as narrow_op's are).
-    /// nullopt where node i is not such a MatMul.
+    /// scaled_dot_product_attention as ONNX writers decompose it: MatMul(Softmax(S [+ mask |
+    /// Where(mask, S, -inf)]) [-> Dropout], v), q, k and v of rank 4, the softmax over the last axis,
+    /// and the scores S either
+    /// - MatMul(q, Transpose(k, 0 1 3 2)) times 1/sqrt(D) or divided by sqrt(D) (kiln's exporter,
+    ///   Hugging Face's eager attention), or
+    /// - MatMul(q * a, k^T * b) with a * b = 1/sqrt(D), k^T a Transpose(k, 0 1 3 2) or
+    ///   Reshape(Transpose(Reshape(k, (-1, S, D)), 0 2 1), (.., D, S)) (torch.onnx's decomposition of
+    ///   F.scaled_dot_product_attention, which scales q and k by sqrt of the scale each).
+    /// Node i is that final MatMul: run it as nn::scaled_dot_product_attention (one kernel on CUDA;
+    /// the decomposition's nodes become dead code). q, k and v that are Casts to float of one narrow
+    /// dtype are read narrow (the result is then that dtype, as narrow_op's are). A Dropout here
+    /// runs in inference mode (the importer refuses training mode): the identity. nullopt where node
+    /// i is not such a MatMul.
     std::optional<Tensor> attention(int i, const std::vector<Value>& in) {
         const ::onnx::NodeProto& n = g_.node(i);
         if (n.op_type() != "MatMul" || in.size() != 2 || !in[0].defined() || !in[1].defined() || in[0].known) return std::nullopt;
@@ -351,13 +357,21 @@ private:
             return true;
         };
         const ::onnx::NodeProto* sm = made_by(n.input(0), "Softmax");
+        if (const ::onnx::NodeProto* dr = sm ? nullptr : made_by(n.input(0), "Dropout")) sm = made_by(dr->input(0), "Softmax");
         if (!sm || opset_ < 13) return std::nullopt;
         if (const auto* a = attr_of(*sm, "axis"); a && a->i() != -1 && a->i() != 3) return std::nullopt;
         // S, masked or not
         std::string scores = sm->input(0);
         Tensor mask;
         if (const ::onnx::NodeProto* add = made_by(scores, "Add")) {
-            const int which = made_by(add->input(0), "Mul") || made_by(add->input(0), "Div") ? 0 : 1;
+            // the scores side: a MatMul, or a Mul / Div of one (a mask may be a Mul too: (1 - m) * -big)
+            auto scores_like = [&](const std::string& name) {
+                if (made_by(name, "MatMul")) return true;
+                const ::onnx::NodeProto* sc = made_by(name, "Mul");
+                if (!sc) sc = made_by(name, "Div");
+                return sc && (made_by(sc->input(0), "MatMul") || made_by(sc->input(1), "MatMul"));
+            };
+            const int which = scores_like(add->input(0)) ? 0 : 1;
             const Value* m = value(add->input(1 - which));
             if (!m || !is_floating(m->t.dtype())) return std::nullopt;
             mask = m->t;
@@ -369,28 +383,74 @@ private:
             mask = m->t;
             scores = wh->input(1);
         }
-        const ::onnx::NodeProto* sc = made_by(scores, "Mul");
-        const bool div = !sc;
-        if (!sc) sc = made_by(scores, "Div");
-        if (!sc) return std::nullopt;
-        const int mm_at = made_by(sc->input(0), "MatMul") ? 0 : 1;
-        if (div && mm_at != 0) return std::nullopt;
-        const ::onnx::NodeProto* qk = made_by(sc->input(mm_at), "MatMul");
+        auto has_perm = [&](const ::onnx::NodeProto& t, std::initializer_list<std::int64_t> want) {
+            const auto* perm = attr_of(t, "perm");
+            if (!perm || perm->ints_size() != static_cast<int>(want.size())) return false;
+            int at = 0;
+            for (std::int64_t w : want)
+                if (perm->ints(at++) != w) return false;
+            return true;
+        };
+        // k from k^T: Transpose(k, 0 1 3 2), or Reshape(Transpose(Reshape(k, (-1, S, D)), 0 2 1), (.., D, S))
+        auto untransposed = [&](const std::string& kt) -> std::optional<std::string> {
+            if (const ::onnx::NodeProto* tr = made_by(kt, "Transpose")) {
+                if (has_perm(*tr, {0, 1, 3, 2})) return tr->input(0);
+                return std::nullopt;
+            }
+            const ::onnx::NodeProto* outer = made_by(kt, "Reshape");
+            const ::onnx::NodeProto* tr = outer ? made_by(outer->input(0), "Transpose") : nullptr;
+            const ::onnx::NodeProto* inner = tr && has_perm(*tr, {0, 2, 1}) ? made_by(tr->input(0), "Reshape") : nullptr;
+            const Value* k = inner ? value(inner->input(0)) : nullptr;
+            const Value* flat = inner ? value(inner->output(0)) : nullptr;
+            const Value* kv = value(kt);
+            if (!k || !flat || !kv || k->t.rank() != 4 || flat->t.rank() != 3 || kv->t.rank() != 4) return std::nullopt;
+            const Shape& ks = k->t.shape();
+            if (!(flat->t.shape() == Shape{ks[0] * ks[1], ks[2], ks[3]}) || !(kv->t.shape() == Shape{ks[0], ks[1], ks[3], ks[2]}))
+                return std::nullopt;
+            return inner->input(0);
+        };
+        // the scores' q and k, and the scale they carry (c times, or divided by c)
+        std::string qn, kn;
         double c = 0;
-        if (!qk || !scalar(sc->input(1 - mm_at), c)) return std::nullopt;
-        const ::onnx::NodeProto* tr = made_by(qk->input(1), "Transpose");
-        if (!tr) return std::nullopt;
-        const auto* perm = attr_of(*tr, "perm");
-        if (!perm || perm->ints_size() != 4 || perm->ints(0) != 0 || perm->ints(1) != 1 || perm->ints(2) != 3 || perm->ints(3) != 2)
-            return std::nullopt;
-        const Value* q = value(qk->input(0));
-        const Value* k = value(tr->input(0));
+        bool div = false;
+        if (const ::onnx::NodeProto* qk = made_by(scores, "MatMul")) {  // (q * a) @ (k^T * b)
+            auto scaled = [&](const std::string& name, std::string& t, double& f) {
+                const ::onnx::NodeProto* m = made_by(name, "Mul");
+                if (!m) return false;
+                const int s_at = scalar(m->input(1), f) ? 1 : scalar(m->input(0), f) ? 0 : -1;
+                if (s_at < 0) return false;
+                t = m->input(1 - s_at);
+                return true;
+            };
+            std::string kt;
+            double a = 0, b = 0;
+            if (!scaled(qk->input(0), qn, a) || !scaled(qk->input(1), kt, b)) return std::nullopt;
+            const std::optional<std::string> k = untransposed(kt);
+            if (!k) return std::nullopt;
+            kn = *k;
+            c = a * b;
+        } else {  // (q @ k^T) * c or / c
+            const ::onnx::NodeProto* sc = made_by(scores, "Mul");
+            div = !sc;
+            if (!sc) sc = made_by(scores, "Div");
+            if (!sc) return std::nullopt;
+            const int mm_at = made_by(sc->input(0), "MatMul") ? 0 : 1;
+            if (div && mm_at != 0) return std::nullopt;
+            const ::onnx::NodeProto* mm = made_by(sc->input(mm_at), "MatMul");
+            if (!mm || !scalar(sc->input(1 - mm_at), c)) return std::nullopt;
+            const ::onnx::NodeProto* tr = made_by(mm->input(1), "Transpose");
+            if (!tr || !has_perm(*tr, {0, 1, 3, 2})) return std::nullopt;
+            qn = mm->input(0);
+            kn = tr->input(0);
+        }
+        const Value* q = value(qn);
+        const Value* k = value(kn);
         if (!q || !k || q->t.rank() != 4 || k->t.rank() != 4 || in[1].t.rank() != 4) return std::nullopt;
         const double d = static_cast<double>(q->t.size(3)), want = div ? std::sqrt(d) : 1.0 / std::sqrt(d);
         if (std::abs(c - want) > 1e-6 * want) return std::nullopt;
         // read through Casts to float of one narrow dtype
         Tensor ops[3] = {q->t, k->t, in[1].t};
-        const std::string names[3] = {qk->input(0), tr->input(0), n.input(1)};
+        const std::string names[3] = {qn, kn, n.input(1)};
         std::optional<DType> narrow;
         Tensor nops[3];
         for (int a = 0; a < 3; ++a) {

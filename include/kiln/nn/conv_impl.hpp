@@ -535,7 +535,7 @@ inline Tensor max_pool_backward_cuda(const Tensor& x, const Tensor& g_in, const 
     const cuda::CUstream stream = cuda::current_stream(device);
     const auto grid = [](std::int64_t n) { return static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1 << 20)); };
     if (at.numel() > 0) {
-        const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_argmax_kernel(x.dtype(), i64), device);
+        const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_kernel(x.dtype(), i64, true), device);
         cuda::detail::Args a;
         a.add_ptr(x.data_ptr());
         a.add_ptr(at.data_ptr());

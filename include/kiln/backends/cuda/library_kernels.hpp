@@ -5,9 +5,9 @@
 // the NVRTC compile test (tests/test_cuda_codegen.cpp) builds each without a GPU.
 //   im2col_kernel       conv2d's patch matrix (channels-last input), any element size
 //   max_pool_kernel     max_pool2d, one thread per output, NaN wins, padding never does
-//   max_pool_argmax_kernel, max_pool_backward_kernel
-//                       max_pool2d's gradient: the position each window took, then per input
-//                       element the sum of the gradients of the windows that took it
+//   max_pool_backward_kernel
+//                       max_pool2d's gradient: per input element the sum of the gradients of the
+//                       windows that took it (max_pool_kernel with positions gives what each took)
 //   gather_rows_kernel  embedding lookups: rows of a table by int64 id
 //   col2im_kernel       the gradient of im2col: each input element sums the columns that read it
 //   dropout_mask_kernel dropout's keep mask from Philox4x32-10, counters read from a device offset
@@ -72,8 +72,12 @@ inline const char* pool_ctype(DType d) {
 }
 
 /// max_pool2d of x (N, H, W, C; any strides) into y (N, OH, OW, C; contiguous), one thread per
-/// output element, channels fastest. dtype: one pool_ctype takes. i64: 64-bit index math.
-inline KernelText max_pool_kernel(DType dtype, bool i64) {
+/// output element, channels fastest: a larger value or a NaN replaces the kept one, so ties keep
+/// the first maximum. dtype: one pool_ctype takes. i64: 64-bit index math. `positions` (f32, f64;
+/// max_pool2d's backward, first pass): instead of the maximum, the position a * KW + b in its
+/// window of the element taken, as int32 into `at` (a window of lowest values keeps its first
+/// position inside the input).
+inline KernelText max_pool_kernel(DType dtype, bool i64, bool positions = false) {
     const char* T = pool_ctype(dtype);
     const char* I = i64 ? "long long" : "int";
     const std::string lowest = dtype == DType::f32   ? "__int_as_float(0xff800000)"
@@ -81,9 +85,10 @@ inline KernelText max_pool_kernel(DType dtype, bool i64) {
                                : dtype == DType::i32 ? "(-2147483647 - 1)"
                                                          : "(-9223372036854775807LL - 1)";
     KernelText k;
-    k.name = "kiln_max_pool_" + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
+    k.name = std::string(positions ? "kiln_max_pool_argmax_" : "kiln_max_pool_") + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
     k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
-               "(const T* __restrict__ x, T* __restrict__ y, long long total_, long long C_, long long H_, long long W_, "
+               "(const T* __restrict__ x, " + (positions ? "int* __restrict__ at" : "T* __restrict__ y") +
+               ", long long total_, long long C_, long long H_, long long W_, "
                "long long sN_, long long sH_, long long sW_, long long sC_, long long OH_, long long OW_, long long KH_, long long KW_, "
                "long long SH_, long long SW_, long long PH_, long long PW_, long long DH_, long long DW_) {\n"
                "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n"
@@ -92,63 +97,24 @@ inline KernelText max_pool_kernel(DType dtype, bool i64) {
                "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
                "    const I c = i % C, r = i / C, ow = r % OW, r2 = r / OW, oh = r2 % OH, n = r2 / OH;\n"
                "    const T* base = x + n * sN + c * sC;\n"
-               "    T m = " + lowest + ";\n"
+               "    T m = " + lowest + ";\n" + (positions ? "    int pos = -1;\n" : "") +
                "    for (I a = 0; a < KH; ++a) {\n"
                "      const I h = oh * SH - PH + a * DH;\n"
                "      if (h < 0 || h >= H) continue;\n"
                "      for (I b = 0; b < KW; ++b) {\n"
                "        const I w = ow * SW - PW + b * DW;\n"
                "        if (w < 0 || w >= W) continue;\n"
-               "        const T v = base[h * sH + w * sW];\n"
-               "        if (v > m || v != v) m = v;\n"
+               "        const T v = base[h * sH + w * sW];\n" +
+               (positions ? "        if (pos < 0 || v > m || v != v) { pos = (int)(a * KW + b); m = v; }\n" : "        if (v > m || v != v) m = v;\n") +
                "      }\n"
-               "    }\n"
-               "    y[i] = m;\n"
-               "  }\n}\n";
-    return k;
-}
-
-/// max_pool2d's backward, first pass: for each output window of x (N, H, W, C; any strides), the
-/// position (a * KW + b) of the element the forward took (the same scan and rule as
-/// max_pool_kernel: a larger value or a NaN replaces the kept one, so ties go to the first
-/// maximum; a window of lowest values keeps its first position inside the input), as int32
-/// (N, OH, OW, C). dtype f32 or f64. i64: 64-bit index math.
-inline KernelText max_pool_argmax_kernel(DType dtype, bool i64) {
-    const char* T = dtype == DType::f64 ? "double" : "float";
-    const char* I = i64 ? "long long" : "int";
-    const std::string lowest = dtype == DType::f64 ? "__longlong_as_double(0xfff0000000000000LL)" : "__int_as_float(0xff800000)";
-    KernelText k;
-    k.name = "kiln_max_pool_argmax_" + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
-    k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
-               "(const T* __restrict__ x, int* __restrict__ at, long long total_, long long C_, long long H_, long long W_, "
-               "long long sN_, long long sH_, long long sW_, long long sC_, long long OH_, long long OW_, long long KH_, long long KW_, "
-               "long long SH_, long long SW_, long long PH_, long long PW_, long long DH_, long long DW_) {\n"
-               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n"
-               "  const I OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_;\n"
-               "  const I DH = (I)DH_, DW = (I)DW_;\n"
-               "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
-               "    const I c = i % C, r = i / C, ow = r % OW, r2 = r / OW, oh = r2 % OH, n = r2 / OH;\n"
-               "    const T* base = x + n * sN + c * sC;\n"
-               "    T m = " + lowest + ";\n"
-               "    int pos = -1;\n"
-               "    for (I a = 0; a < KH; ++a) {\n"
-               "      const I h = oh * SH - PH + a * DH;\n"
-               "      if (h < 0 || h >= H) continue;\n"
-               "      for (I b = 0; b < KW; ++b) {\n"
-               "        const I w = ow * SW - PW + b * DW;\n"
-               "        if (w < 0 || w >= W) continue;\n"
-               "        const T v = base[h * sH + w * sW];\n"
-               "        if (pos < 0 || v > m || v != v) { pos = (int)(a * KW + b); m = v; }\n"
-               "      }\n"
-               "    }\n"
-               "    at[i] = pos;\n"
+               "    }\n" + (positions ? "    at[i] = pos;\n" : "    y[i] = m;\n") +
                "  }\n}\n";
     return k;
 }
 
 /// max_pool2d's backward, second pass: dx (N, H, W, C; contiguous) where each element sums the
 /// gradients g (N, OH, OW, C; contiguous) of the windows whose taken position (`at`, from
-/// max_pool_argmax_kernel) it is. One thread per element, no atomics. dtype f32 or f64.
+/// max_pool_kernel with positions) it is. One thread per element, no atomics. dtype f32 or f64.
 inline KernelText max_pool_backward_kernel(DType dtype, bool i64) {
     const char* T = dtype == DType::f64 ? "double" : "float";
     const char* I = i64 ? "long long" : "int";
@@ -560,7 +526,7 @@ inline std::vector<KernelText> library_kernel_sources() {
     for (DType d : {DType::f32, DType::f64})
         for (bool i64 : {false, true}) {
             out.push_back(col2im_kernel(d, i64));
-            out.push_back(max_pool_argmax_kernel(d, i64));
+            out.push_back(max_pool_kernel(d, i64, true));
             out.push_back(max_pool_backward_kernel(d, i64));
         }
     out.push_back(dropout_mask_kernel());
