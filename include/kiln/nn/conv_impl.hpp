@@ -302,7 +302,8 @@ inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tenso
 }
 
 /// max_pool2d's gradient: each window's gradient goes to its first maximum (torch's argmax
-/// convention: ties and runs of equal values give it to the earliest position), then col2im.
+/// convention: ties and runs of equal values give it to the earliest position): two kernels on
+/// CUDA (f32, f64), elsewhere im2col, the selections and col2im.
 inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc);
 inline std::shared_ptr<ir::CallOp> max_pool2d_backward_op(const Window& win, const Loc& loc);
 
@@ -516,9 +517,9 @@ inline Tensor max_pool2d_backward_decomposed(const Tensor& x, const Tensor& g, c
     return col2im(stack(parts, 1, loc).view({rows, KK * C}), x.shape(), win, loc);
 }
 
-/// Whether max_pool2d's gradient of x runs as the two CUDA kernels (f32 and f64 on CUDA).
-inline bool max_pool_backward_direct(const Tensor& x) {
-    return x.device().is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64);
+/// Whether max_pool2d's gradient g of x runs as the two CUDA kernels (f32 and f64 on CUDA).
+inline bool max_pool_backward_direct(const Tensor& x, const Tensor& g) {
+    return x.device().is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64) && g.dtype() == x.dtype();
 }
 
 /// max_pool2d's gradient on CUDA: the position each window of x (N, H, W, C; any strides) took,
@@ -562,7 +563,7 @@ inline std::shared_ptr<ir::CallOp> max_pool2d_backward_op(const Window& win, con
     op->key = "max_pool2d_backward(" + win.str() + ")";
     op->shape = [](const std::vector<Shape>& s) { return s[0]; };
     op->run = [win, loc](const std::vector<Tensor>& in) {
-        if (max_pool_backward_direct(in[0]) && in[1].dtype() == in[0].dtype()) return max_pool_backward_cuda(in[0], in[1], win);
+        if (max_pool_backward_direct(in[0], in[1])) return max_pool_backward_cuda(in[0], in[1], win);
         return max_pool2d_backward_decomposed(in[0], in[1], win, loc);
     };
     op->name = "max_pool2d_backward";
@@ -571,7 +572,7 @@ inline std::shared_ptr<ir::CallOp> max_pool2d_backward_op(const Window& win, con
 }
 
 inline Tensor max_pool2d_backward(const Tensor& x, const Tensor& g, const Window& win, const Loc& loc) {
-    if (max_pool_backward_direct(x) && g.dtype() == x.dtype()) return trace::call_op(max_pool2d_backward_op(win, loc), {x, g}, x.dtype(), loc);
+    if (max_pool_backward_direct(x, g)) return trace::call_op(max_pool2d_backward_op(win, loc), {x, g}, x.dtype(), loc);
     return max_pool2d_backward_decomposed(x, g, win, loc);
 }
 
