@@ -535,28 +535,46 @@ TEST_CASE("onnx: what has no mapping is an ExportError naming it") {
 
 namespace onnx_test {
 
+/// An ONNX model (IR 8, opset 17) built input by input and node by node; each node has one output,
+/// which also names the node.
+struct ModelBuilder {
+    ::onnx::ModelProto m;
+    ModelBuilder() {
+        m.set_ir_version(8);
+        m.add_opset_import()->set_version(17);
+        m.mutable_graph()->set_name("g");
+    }
+    ::onnx::GraphProto* graph() { return m.mutable_graph(); }
+    void input(const std::string& name, const std::vector<std::int64_t>& shape, int elem = ::onnx::TensorProto::FLOAT) {
+        ::onnx::ValueInfoProto* v = graph()->add_input();
+        v->set_name(name);
+        auto* t = v->mutable_type()->mutable_tensor_type();
+        t->set_elem_type(elem);
+        for (std::int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
+    }
+    ::onnx::NodeProto* node(const std::string& op, const std::vector<std::string>& in, const std::string& out) {
+        ::onnx::NodeProto* n = graph()->add_node();
+        n->set_op_type(op);
+        n->set_name(out);
+        for (const auto& i : in) n->add_input(i);
+        n->add_output(out);
+        return n;
+    }
+    void output(const std::string& name) { graph()->add_output()->set_name(name); }
+};
+
 /// A one-node model over float inputs of the given shapes (for the error cases).
 ::onnx::ModelProto one_node(const std::string& op, const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& inputs,
                             int elem = ::onnx::TensorProto::FLOAT) {
-    ::onnx::ModelProto m;
-    m.set_ir_version(8);
-    m.add_opset_import()->set_version(17);
-    ::onnx::GraphProto* g = m.mutable_graph();
-    g->set_name("g");
-    ::onnx::NodeProto* n = g->add_node();
-    n->set_op_type(op);
-    n->set_name("the_node");
+    ModelBuilder b;
+    std::vector<std::string> names;
     for (const auto& [name, shape] : inputs) {
-        n->add_input(name);
-        ::onnx::ValueInfoProto* v = g->add_input();
-        v->set_name(name);
-        auto* t = v->mutable_type()->mutable_tensor_type();
-        t->set_elem_type(name == "shape" ? ::onnx::TensorProto::INT64 : elem);
-        for (std::int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
+        b.input(name, shape, name == "shape" ? ::onnx::TensorProto::INT64 : elem);
+        names.push_back(name);
     }
-    n->add_output("y");
-    g->add_output()->set_name("y");
-    return m;
+    b.node(op, names, "y")->set_name("the_node");
+    b.output("y");
+    return b.m;
 }
 
 /// ep exported to ONNX and imported back.
@@ -710,24 +728,11 @@ TEST_CASE("onnx import: a program of every table op, casts, reductions and views
 
 TEST_CASE("onnx import: a Conv takes the residual Add and Relu after it; elementwise ops after a Conv stay channels-last") {
     // y = relu(conv(x, w1) + x); z = relu(conv(y, w2, b2)); out = sigmoid(z) * 2 + z
-    ::onnx::ModelProto m;
-    m.set_ir_version(8);
-    m.add_opset_import()->set_version(17);
-    ::onnx::GraphProto* g = m.mutable_graph();
-    g->set_name("g");
-    auto input = [&](const std::string& name, std::vector<std::int64_t> shape) {
-        ::onnx::ValueInfoProto* v = g->add_input();
-        v->set_name(name);
-        auto* t = v->mutable_type()->mutable_tensor_type();
-        t->set_elem_type(::onnx::TensorProto::FLOAT);
-        for (std::int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
-    };
+    onnx_test::ModelBuilder b;
+    ::onnx::GraphProto* g = b.graph();
+    auto input = [&](const std::string& name, std::vector<std::int64_t> shape) { b.input(name, shape); };
     auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
-        ::onnx::NodeProto* n = g->add_node();
-        n->set_op_type(op);
-        n->set_name(out);
-        for (const auto& i : in) n->add_input(i);
-        n->add_output(out);
+        ::onnx::NodeProto* n = b.node(op, in, out);
         if (op == "Conv") {
             auto* a = n->add_attribute();
             a->set_name("pads");
@@ -752,7 +757,7 @@ TEST_CASE("onnx import: a Conv takes the residual Add and Relu after it; element
     two->set_data_type(::onnx::TensorProto::FLOAT);
     two->add_float_data(2.0f);
     g->add_output()->set_name("out");
-    const ExportedProgram ep = kiln::onnx::from_model(m);
+    const ExportedProgram ep = kiln::onnx::from_model(b.m);
     const std::string graph = ep.graph_str();
     CHECK(graph.find("relu(") == std::string::npos);      // both Relus ride in the convolutions
     CHECK(graph.find("residual") != std::string::npos);   // the first Add too
@@ -773,26 +778,10 @@ TEST_CASE("onnx import: torch.onnx's attention (q and k each scaled, k transpose
     const std::int64_t B = 2, H = 3, S = 5, D = 8;
     for (const bool reshaped : {true, false}) {
         CAPTURE(reshaped);
-        ::onnx::ModelProto m;
-        m.set_ir_version(8);
-        m.add_opset_import()->set_version(17);
-        ::onnx::GraphProto* g = m.mutable_graph();
-        g->set_name("g");
-        auto input = [&](const std::string& name, std::vector<std::int64_t> shape) {
-            ::onnx::ValueInfoProto* v = g->add_input();
-            v->set_name(name);
-            auto* t = v->mutable_type()->mutable_tensor_type();
-            t->set_elem_type(::onnx::TensorProto::FLOAT);
-            for (std::int64_t d : shape) t->mutable_shape()->add_dim()->set_dim_value(d);
-        };
-        auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
-            ::onnx::NodeProto* n = g->add_node();
-            n->set_op_type(op);
-            n->set_name(out);
-            for (const auto& i : in) n->add_input(i);
-            n->add_output(out);
-            return n;
-        };
+        onnx_test::ModelBuilder b;
+        ::onnx::GraphProto* g = b.graph();
+        auto input = [&](const std::string& name, std::vector<std::int64_t> shape) { b.input(name, shape); };
+        auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) { return b.node(op, in, out); };
         auto ints = [](::onnx::NodeProto* n, const char* name, std::vector<std::int64_t> v) {
             auto* a = n->add_attribute();
             a->set_name(name);
@@ -833,7 +822,7 @@ TEST_CASE("onnx import: torch.onnx's attention (q and k each scaled, k transpose
         node("Dropout", {"p"}, "pd");
         node("MatMul", {"pd", "v"}, "out");
         g->add_output()->set_name("out");
-        const ExportedProgram ep = kiln::onnx::from_model(m);
+        const ExportedProgram ep = kiln::onnx::from_model(b.m);
         CHECK(ep.graph_str().find("attention(") != std::string::npos);
         CHECK(ep.graph_str().find("softmax") == std::string::npos);
         kiln::manual_seed(15);
