@@ -66,6 +66,11 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                     sig.leaf_dtypes.push_back(g[G.leaves[k]].dtype);
                 }
                 add(cuda::detail::elementwise_kernel(g, G, sig));
+                if (variant == 0 && pick < 0) {  // its multi form (a combo launch's kernel)
+                    REQUIRE(sig.combinable());
+                    sig.multi = true;
+                    add(cuda::detail::elementwise_kernel(g, G, sig));
+                }
             }
             if (G.outputs.size() == 1 && (only < 0 || only == 3)) {  // written into a strided view
                 cuda::detail::EwSignature sig;
@@ -308,6 +313,26 @@ TEST_CASE("kernel text comes from the op table: a changed op changes the source 
     CHECK(s1[0].name != s2[0].name);
     // the same graph and signature give the same text (so caches hit)
     CHECK(sources_for(g1, p1)[0].source == s1[0].source);
+}
+
+TEST_CASE("groups computing the same thing at different places in a graph give one kernel text") {
+    // an optimizer's update per parameter: one text per signature, compiled once (variables are
+    // named by their place in the group, not by node id)
+    auto [g, p] = trace_plan({zeros({32}), zeros({32}), zeros({16}), zeros({16})}, [](auto& in) {
+        return std::vector<Tensor>{Tensor(kiln::exp(in[0]) * 2 + in[1]), Tensor(kiln::exp(in[2]) * 2 + in[3])};
+    });
+    int ew = 0;
+    for (const auto& G : p.groups) ew += G.kind == fuse::Group::Kind::elementwise ? 1 : 0;
+    REQUIRE(ew == 2);
+    const auto s = sources_for(g, p);
+    REQUIRE(s.size() % 2 == 0);
+    for (std::size_t i = 0; i < s.size() / 2; ++i) {
+        CAPTURE(i);
+        CHECK(s[i].source == s[i + s.size() / 2].source);
+    }
+    // a different computation still gives another text
+    auto [g2, p2] = trace_plan({zeros({32}), zeros({32})}, [](auto& in) { return std::vector<Tensor>{Tensor(kiln::exp(in[0]) * 3 + in[1])}; });
+    CHECK(sources_for(g2, p2)[0].source != s[0].source);
 }
 
 TEST_CASE("a broken kernel surfaces as CompileError with the NVRTC log and the saved source") {

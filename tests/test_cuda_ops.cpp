@@ -885,3 +885,65 @@ TEST_CASE("cuda: scaled_dot_product_attention in one kernel (rows in f32, tensor
     CHECK(q.grad().defined());
     CHECK(rel_err_nan(Tensor(y.detach()), ref_attention(q.detach(), k, v, Tensor(), 0)) < 2e-5);
 }
+
+TEST_CASE("cuda: optimizer steps over many parameters (a kernel per parameter, joined into combo launches) match the CPU" *
+          doctest::skip(kiln_test::no_cuda())) {
+    // sizes: one element, not a multiple of the vector width, and large enough for unrolled kernels
+    const std::vector<Shape> shapes{{3}, {64}, {7, 5}, {128, 33}, {64, 3, 3, 3}, {1}, {100003}, {513}, {2, 2}, {40000}};
+    int combos = 0, joined = 0;
+    debug::Logs::instance().set_sink([&](const std::string& line) {
+        const auto at = line.find("one launch for ");
+        if (at == std::string::npos) return;
+        ++combos;
+        joined = std::max(joined, std::atoi(line.c_str() + at + 15));
+    });
+    debug::Logs::instance().set("combo");
+    for (int which = 0; which < 2; ++which)
+        for (const Mode mode : {Mode::normal, Mode::reduce_overhead}) {
+            CAPTURE(which);
+            CAPTURE(static_cast<int>(mode));
+            manual_seed(11);
+            std::vector<Tensor> pc, pg, wc, wg;
+            for (const Shape& s : shapes) {
+                const Tensor t = randn(s), w = randn(s);
+                pc.push_back(t.clone());
+                pg.push_back(cu(t));
+                wc.push_back(w);
+                wg.push_back(cu(w));
+            }
+            auto make = [&](const std::vector<Tensor>& ps) -> std::unique_ptr<nn::Optimizer> {
+                if (which == 0) return std::make_unique<nn::SGD>(ps, nn::SGD::Options{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true});
+                return std::make_unique<nn::AdamW>(ps, nn::AdamW::Options{.lr = 1e-2});
+            };
+            const auto oc = make(pc), og = make(pg);
+            // (the optimizer's handles of the parameters require grad; the updates are in place, so
+            // pc and pg see them)
+            auto step = [](nn::Optimizer& o, const std::vector<Tensor>& ws, const Tensor& x) {
+                const std::vector<Tensor>& ps = o.params();
+                o.zero_grad();
+                Tensor loss = sum(Tensor(kiln::sin(ps[0] * x) * ws[0]));
+                for (std::size_t i = 1; i < ps.size(); ++i) loss = Tensor(loss + sum(Tensor(kiln::sin(ps[i] * x) * ws[i])));
+                loss.backward();
+                o.step();
+                return loss.detach();
+            };
+            auto compiled = compile([&](const Tensor& x) { return step(*og, wg, x); }, {.mode = mode});
+            for (int i = 0; i < 4; ++i) {
+                const Tensor x = full({}, 1.0 + 0.1 * i);
+                const Tensor lc = step(*oc, wc, x), lg = compiled(cu(x));
+                CHECK(rel_err(lg, lc) < 1e-5);
+            }
+            for (std::size_t i = 0; i < shapes.size(); ++i) {
+                CAPTURE(i);
+                CHECK(rel_err(pg[i], pc[i]) < 1e-5);
+            }
+        }
+    debug::Logs::instance().set("");
+    debug::Logs::instance().set_sink(nullptr);
+    // the updates of the parameters with one kernel text ran as one launch (unless turned off)
+    const char* off = std::getenv("KILN_CUDA_COMBO");
+    if (off == nullptr || std::atoi(off) != 0) {
+        CHECK(combos > 0);
+        CHECK(joined >= 4);
+    }
+}

@@ -440,6 +440,12 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
             s << "\n  " << fuse::group_kind_name(G.kind) << " {";
             for (int j : G.nodes) s << " %" << j;
             s << " }";
+            if (G.kind == fuse::Group::Kind::write) {
+                if (G.stored)
+                    s << " stored by its value's kernel";
+                else if (G.in_place)
+                    s << " in place";
+            }
         }
         debug::log("fusion", s.str());
     }

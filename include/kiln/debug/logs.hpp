@@ -1,4 +1,5 @@
-// KILN_LOGS: named log channels (graph_breaks, recompiles, guards, fusion, output_code, cache, graph).
+// KILN_LOGS: named log channels (graph_breaks, recompiles, guards, fusion, output_code, cache, graph,
+// profile, combo).
 #pragma once
 
 #include <cstdio>

@@ -56,6 +56,7 @@ inline void run_write_step(const ir::Graph& g, const Group& G, std::vector<Tenso
         vals[static_cast<std::size_t>(o)] = base;  // its producer stored the value here already (Plan::store_into)
         return;
     }
+    s.flush();  // the copies queue behind everything before them
     // a write over the whole base in row-major order (a parameter or a gradient buffer written
     // through a view of its storage) replaces every element: the base is not copied first
     const bool whole = static_cast<std::int64_t>(n.value) == 0 && src.numel() == base.numel() &&
@@ -97,8 +98,7 @@ inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const M
             case Group::Kind::reduce:
             case Group::Kind::matmul: s.kernel(k, G, vals); break;
             case Group::Kind::write:
-                s.flush();  // the copies queue behind everything before them
-                run_write_step(g, G, vals, s);
+                run_write_step(g, G, vals, s);  // (flushes before it copies)
                 break;
             case Group::Kind::call:
                 s.flush();  // the op queues its work behind everything before it
@@ -144,7 +144,7 @@ inline bool same_grouping(const Plan& a, const Plan& b) {
     for (std::size_t k = 0; k < a.groups.size(); ++k) {
         const Group &x = a.groups[k], &y = b.groups[k];
         if (x.kind != y.kind || x.nodes != y.nodes || x.outputs != y.outputs || x.leaves != y.leaves || x.mask != y.mask ||
-            x.bias != y.bias || x.act != y.act || x.in_place != y.in_place)
+            x.bias != y.bias || x.act != y.act || x.in_place != y.in_place || x.stored != y.stored)
             return false;
     }
     return true;

@@ -33,8 +33,9 @@ struct Group {
     int act = -1;              ///< matmul: the activation node the library's epilogue applies last
     bool in_place = false;     ///< write: stores into its base's memory (the base is a kernel's fresh
                                ///< output that nothing else reads), so the base is not copied
+    bool stored = false;       ///< write: its value's kernel stores it (Plan::store_into), nothing runs
 
-    bool is_kernel() const { return kind != Kind::view; }
+    bool is_kernel() const { return kind != Kind::view && !stored; }
 };
 
 inline const char* group_kind_name(Group::Kind k) {
@@ -537,7 +538,11 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         const int w = G.outputs[0], src = g[w].in[1];
         const ir::Node& wn = g[w];
         const int ks = p.group_of[sz(src)];
-        if (ks < 0 || p.groups[sz(ks)].kind != Group::Kind::elementwise || uses[sz(src)] != 1 || is_output[sz(src)] ||
+        // every other reader of the value computes in its group (an optimizer's new moment, stored
+        // and also read by the parameter's update in the same kernel)
+        bool only_here = ks >= 0;
+        for (int u : users[sz(src)]) only_here = only_here && (u == w || p.group_of[sz(u)] == ks);
+        if (!only_here || p.groups[sz(ks)].kind != Group::Kind::elementwise || is_output[sz(src)] ||
             g[src].dtype != wn.dtype || !(wn.args == contiguous_strides(g[src].shape)))
             continue;
         bool direct = true;
@@ -546,13 +551,16 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         for (int l : p.groups[sz(ks)].leaves)
             if (alias[sz(l)]) {
                 const ir::Node& v = g[l];
-                const bool same_place = v.kind == Kind::view && v.shape == g[src].shape && v.args == wn.args &&
-                                        v.value == wn.value && v.dtype == wn.dtype;
+                // a view at the write's place, or the memory itself when the write covers all of it
+                const bool same_place = v.shape == g[src].shape && v.dtype == wn.dtype &&
+                                        ((v.kind == Kind::view && v.args == wn.args && v.value == wn.value) ||
+                                         (l == b && wn.value == 0));
                 direct = direct && same_place;
             }
         if (direct) {
             if (p.store_into.empty()) p.store_into.assign(sz(N), -1);
             p.store_into[sz(src)] = w;
+            G.stored = true;
         }
     }
     return p;

@@ -258,11 +258,15 @@ public:
                 p.assign(p - o_.lr * g);
                 continue;
             }
-            // the first step takes the gradient itself (torch), later ones the running buffer
+            // the first step takes the gradient itself (torch), later ones the running buffer. The
+            // parameter is written before the buffer, from the new buffer's expression (evaluated
+            // twice eagerly, fused; one value when traced), so that a compiled step computes both
+            // in one kernel: no group reads the buffer back in between
             Tensor& b = buf_[i];
-            b.assign(where(started_ > 0, o_.momentum * b + (1 - o_.dampening) * g, g));
-            if (o_.nesterov) p.assign(p - o_.lr * (g + o_.momentum * b));
-            else p.assign(p - o_.lr * b);
+            const auto nb = where(started_ > 0, o_.momentum * b + (1 - o_.dampening) * g, g);
+            if (o_.nesterov) p.assign(p - o_.lr * (g + o_.momentum * nb));
+            else p.assign(p - o_.lr * nb);
+            b.assign(nb);
         }
         started_.assign(started_ + 1);
     }
@@ -298,10 +302,14 @@ public:
             if (!g0.defined()) continue;
             Tensor &m = m_[i], &v = v_[i];
             const Tensor g = (!decoupled_ && o_.weight_decay != 0) ? Tensor(cast(g0, DType::f32) + o_.weight_decay * p) : cast(g0, DType::f32);
-            m.assign(o_.beta1 * m + (1 - o_.beta1) * g);
-            v.assign(o_.beta2 * v + (1 - o_.beta2) * g * g);
+            // the parameter first, from the moments' new expressions, then the moments: one kernel
+            // per parameter in a compiled step (as in SGD)
+            const auto nm = o_.beta1 * m + (1 - o_.beta1) * g;
+            const auto nv = o_.beta2 * v + (1 - o_.beta2) * g * g;
             const double decay = decoupled_ ? 1 - o_.lr * o_.weight_decay : 1.0;
-            p.assign(p * decay - o_.lr * (m / bc1) / (sqrt(v / bc2) + o_.eps));
+            p.assign(p * decay - o_.lr * (nm / bc1) / (sqrt(nv / bc2) + o_.eps));
+            m.assign(nm);
+            v.assign(nv);
         }
     }
 

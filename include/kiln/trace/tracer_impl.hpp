@@ -106,8 +106,12 @@ KILN_DECL void Tracer::write(const Tensor& dst, int value, const std::source_loc
         v = view_node(v, dst.shape(), kiln::detail::broadcast_strides(s, contiguous_strides(s), dst.shape()), 0, dst.dtype());
     }
     // a broadcast value keeps its view_write even over the whole base: the broadcast's shape is
-    // dst's at trace time, and the view_write is where a dynamic program sees whether it still fits
-    if (identity(dst, *base) && !broadcast && !(dst.is_traced() && checked(dst)->fixed)) {
+    // dst's at trace time, and the view_write is where a dynamic program sees whether it still fits.
+    // So does a write over the whole of captured memory (a parameter, an optimizer's state): the
+    // fuser may then have the value's kernel store it there (Plan::store_into) instead of copying
+    // it back after the call
+    const bool captured = base->outside && base->arg < 0 && base->target.defined();
+    if (identity(dst, *base) && !broadcast && !captured && !(dst.is_traced() && checked(dst)->fixed)) {
         base->node = v;
     } else {
         ir::Node w;

@@ -2,6 +2,7 @@
 // filled only with the op table's CUDA strings and the reduction table's combines.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -294,9 +295,18 @@ inline Access classify(const Operand& o, const std::vector<std::int64_t>& sz, in
 // ------------------------------------------------------------------ expression emission
 /// Emits the C statements computing the elementwise members of a group for one element, given
 /// how each leaf's value is named. `vals[i]` receives the variable naming node i.
+/// Variables are named by a node's place in the group (`nodes`), not its id in the graph, so
+/// that groups computing the same thing (one optimizer update per parameter) give one kernel text,
+/// compiled once.
 struct ExprEmitter {
     const ir::Graph& g;
     std::vector<std::string>& vals;  ///< node -> C expression of its value (value type)
+    const std::vector<int>& nodes;   ///< the group's nodes, in order
+
+    /// The name-stem number of node i: its place in the group.
+    std::string local(int i) const {
+        return std::to_string(std::find(nodes.begin(), nodes.end(), i) - nodes.begin());
+    }
 
     /// Operand j of a node computing in ct, converted to ct.
     std::string operand(int j, DType ct) const {
@@ -309,7 +319,7 @@ struct ExprEmitter {
         const ir::Node& n = g[i];
         std::vector<std::string> args;
         for (int j : n.in) args.push_back(operand(j, n.ct));
-        const std::string var = "v" + std::to_string(i) + suffix;
+        const std::string var = "v" + local(i) + suffix;
         vals[static_cast<std::size_t>(i)] = var;
         return "const " + std::string(value_type(n.dtype)) + " " + var + " = (" + value_type(n.dtype) + ")(" +
                op_text(n.op, args, n.attr) + ");\n";
@@ -347,36 +357,80 @@ struct EwSignature {
     int unroll = 1;  ///< vectors per thread per grid-stride step
     bool idx64 = false;
     bool out_strided = false;  ///< the output is a strided view (a write into a slice): element stores through its strides
+    /// The multi-tensor form (a combo launch): one launch runs this kernel over several groups'
+    /// operands, each a segment of the grid (combo_args; rank <= 1, contiguous or scalar leaves only)
+    bool multi = false;
+    /// Whether this launch may run as a segment of a combo launch.
+    bool combinable() const {
+        bool ok = rank <= 1 && !out_strided;
+        for (Access a : leaves) ok = ok && (a == Access::contig || a == Access::scalar);
+        return ok;
+    }
     std::string key() const {
         std::string k = std::to_string(rank) + (idx64 ? "L" : "i") + std::to_string(vec) + "u" + std::to_string(unroll) +
-                        (out_strided ? "s" : "") + ":";
+                        (out_strided ? "s" : "") + (multi ? "m" : "") + ":";
         for (std::size_t i = 0; i < leaves.size(); ++i) k += access_code(leaves[i]) + std::to_string(static_cast<int>(leaf_dtypes[i]));
         return k;
     }
 };
 
+/// The parameter block of a combo launch (EwSignature::multi), in 8-byte slots: the segment count
+/// S, each segment's first block (S slots, ascending: a block finds its segment by binary search),
+/// then per segment its n and its pointers (leaves, then outputs). One kernel parameter of
+/// combo_slots slots, read in place (__grid_constant__).
+inline constexpr int combo_slots = 511;
+/// Slots one segment of a combo launch takes for a kernel with `pointers` pointer parameters.
+inline int combo_segment_slots(int pointers) { return pointers + 2; }
+
 /// Kernel parameters, in order: leaf pointers, the outputs' pointers, n, sizes[rank], then per strided or
 /// inner leaf its strides[rank], then (out_strided) the output's strides[rank]. Every parameter is 8 bytes. Each thread handles UNROLL vectors of
-/// VEC elements per grid-stride step, issuing all their loads before computing.
+/// VEC elements per grid-stride step, issuing all their loads before computing. The multi form
+/// (sig.multi) takes the same per segment from one combo parameter block; each segment's blocks
+/// run the same loop over its operands as a launch of its own would.
 inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, const EwSignature& sig) {
-    const std::size_t no = G.outputs.size();
+    const std::size_t no = G.outputs.size(), nl = G.leaves.size();
     auto out_name = [&](std::size_t m) { return no == 1 ? std::string("out") : "out" + std::to_string(m); };
     auto out_dtype = [&](std::size_t m) { return g[G.outputs[m]].dtype; };
     const int V = sig.vec, R = sig.rank, U = std::max(1, sig.unroll);
     const std::string Vs = std::to_string(V), Us = std::to_string(U);
     const std::string idx = sig.idx64 ? "long long" : "int";
-    std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
-    for (std::size_t k = 0; k < G.leaves.size(); ++k)
-        s += "const " + std::string(storage_type(sig.leaf_dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
-    for (std::size_t m = 0; m < no; ++m) s += std::string(storage_type(out_dtype(m))) + "* __restrict__ " + out_name(m) + ", ";
-    s += "long long n";
-    for (int d = 0; d < R; ++d) s += ", long long z" + std::to_string(d);
-    for (std::size_t k = 0; k < G.leaves.size(); ++k)
-        if (sig.leaves[k] == Access::strided || sig.leaves[k] == Access::inner)
-            for (int d = 0; d < R; ++d) s += ", long long s" + std::to_string(k) + "_" + std::to_string(d);
-    if (sig.out_strided)
-        for (int d = 0; d < R; ++d) s += ", long long os" + std::to_string(d);
-    s += ") {\n";
+    std::string s, bid = "blockIdx.x", nblk = "gridDim.x";
+    if (!sig.multi) {
+        s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
+        for (std::size_t k = 0; k < nl; ++k)
+            s += "const " + std::string(storage_type(sig.leaf_dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
+        for (std::size_t m = 0; m < no; ++m) s += std::string(storage_type(out_dtype(m))) + "* __restrict__ " + out_name(m) + ", ";
+        s += "long long n";
+        for (int d = 0; d < R; ++d) s += ", long long z" + std::to_string(d);
+        for (std::size_t k = 0; k < nl; ++k)
+            if (sig.leaves[k] == Access::strided || sig.leaves[k] == Access::inner)
+                for (int d = 0; d < R; ++d) s += ", long long s" + std::to_string(k) + "_" + std::to_string(d);
+        if (sig.out_strided)
+            for (int d = 0; d < R; ++d) s += ", long long os" + std::to_string(d);
+        s += ") {\n";
+    } else {
+        const std::string W = std::to_string(combo_segment_slots(static_cast<int>(nl + no)) - 1);
+        s = "struct kiln_combo_args { unsigned long long s[" + std::to_string(combo_slots) + "]; };\n";
+        s += "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(const __grid_constant__ kiln_combo_args p_) {\n";
+        s += "  const int nseg_ = (int)p_.s[0];\n  int seg_ = 0;\n";
+        s += "  for (int hi_ = nseg_ - 1; seg_ < hi_;) {\n";
+        s += "    const int mid_ = (seg_ + hi_ + 1) >> 1;\n";
+        s += "    if (blockIdx.x >= (unsigned)p_.s[1 + mid_]) seg_ = mid_; else hi_ = mid_ - 1;\n  }\n";
+        s += "  const unsigned first_ = (unsigned)p_.s[1 + seg_];\n";
+        s += "  const unsigned nblk_ = (seg_ + 1 < nseg_ ? (unsigned)p_.s[2 + seg_] : gridDim.x) - first_;\n";
+        s += "  const unsigned long long* q_ = p_.s + 1 + nseg_ + seg_ * " + W + ";\n";
+        s += "  const long long n = (long long)q_[0];\n";  // (rank <= 1, no strides: the sizes are n alone)
+        for (std::size_t k = 0; k < nl; ++k) {
+            const std::string t = storage_type(sig.leaf_dtypes[k]);
+            s += "  const " + t + "* __restrict__ a" + std::to_string(k) + " = (const " + t + "*)q_[" + std::to_string(1 + k) + "];\n";
+        }
+        for (std::size_t m = 0; m < no; ++m) {
+            const std::string t = storage_type(out_dtype(m));
+            s += "  " + t + "* __restrict__ " + out_name(m) + " = (" + t + "*)q_[" + std::to_string(1 + nl + m) + "];\n";
+        }
+        bid = "(blockIdx.x - first_)";
+        nblk = "nblk_";
+    }
     s += "  typedef " + idx + " idx_t;\n";
     std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
     for (std::size_t k = 0; k < G.leaves.size(); ++k)
@@ -384,8 +438,8 @@ inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, c
             s += "  const " + std::string(value_type(sig.leaf_dtypes[k])) + " x" + std::to_string(k) + " = " +
                  load_conv(sig.leaf_dtypes[k], "a" + std::to_string(k) + "[0]") + ";\n";
     s += "  const idx_t nvec = (idx_t)(n / " + Vs + ");\n";
-    s += "  const idx_t step = (idx_t)gridDim.x * blockDim.x;\n";
-    s += "  for (idx_t t0 = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; t0 < nvec; t0 += step * " + Us + ") {\n";
+    s += "  const idx_t step = (idx_t)" + nblk + " * blockDim.x;\n";
+    s += "  for (idx_t t0 = (idx_t)" + bid + " * blockDim.x + threadIdx.x; t0 < nvec; t0 += step * " + Us + ") {\n";
     auto coords = [&](const std::string& at, const std::string& pre) {
         std::string c = "      { idx_t r_ = " + at + ";\n";
         for (int d = R - 1; d >= 0; --d) {
@@ -445,7 +499,7 @@ inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, c
         if (!raw.empty()) s += "        const " + std::string(value_type(dt)) + " x" + ks + " = " + load_conv(dt, raw) + ";\n";
         vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;
     }
-    ExprEmitter em{g, vals};
+    ExprEmitter em{g, vals, G.nodes};
     for (int i : G.nodes)
         if (g[i].kind == ir::Kind::elementwise) s += "        " + em.node(i);
     for (std::size_t m = 0; m < no; ++m) {
@@ -616,11 +670,11 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
         }
         vals[static_cast<std::size_t>(leaf)] = "x" + ks + "[q]";
     }
-    ExprEmitter em{g, vals};
+    ExprEmitter em{g, vals, G.nodes};
     int red = 0;
     for (int i : G.nodes) {
         const ir::Node& n = g[i];
-        const std::string is = std::to_string(i);
+        const std::string is = em.local(i);
         if (n.kind == ir::Kind::elementwise) {
             bool v = false;
             for (int j : n.in) v = v || varies[static_cast<std::size_t>(j)];
@@ -792,7 +846,7 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         s += "      const " + std::string(value_type(dt)) + " x" + ks + " = " + load_conv(dt, "a" + ks + "[" + off + "]") + ";\n";
         vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;
     }
-    ExprEmitter em{g, vals};
+    ExprEmitter em{g, vals, G.nodes};
     for (int i : G.nodes)
         if (g[i].kind == ir::Kind::elementwise) s += "      " + em.node(i);
     const std::string xv = "((" + at + ")(" + vals[static_cast<std::size_t>(x)] + "))";

@@ -72,6 +72,20 @@ struct Args {
         for (auto& s : slots) ptrs.push_back(&s);
         return ptrs.data();
     }
+    /// The slots as one parameter (a combo launch's block).
+    void** finish_block() {
+        ptrs.assign(1, slots.data());
+        return ptrs.data();
+    }
+};
+
+/// What an elementwise launch that may run as a segment of a combo launch carries: how to make
+/// the multi form of its kernel, and the bytes each pointer parameter (leaves, then outputs)
+/// reaches from its address (for the hazard checks between segments).
+struct ComboKernel {
+    std::function<KernelText()> make_multi;
+    std::vector<std::int64_t> bytes;
+    int outputs = 1;  ///< the last `outputs` pointers are written, the others read
 };
 
 /// Blocks for a grid-stride loop over `work` items of `threads` threads on a device: enough for
@@ -87,7 +101,8 @@ inline unsigned grid_for(std::int64_t work, int threads, int device, int waves =
 /// KILN_CUDA_ROW_ELEMS (row elements each thread of a row kernel holds) and KILN_CUDA_ROW_LANES
 /// (threads per short row: 0 = a block per row always; 1, 2, ..., 32 = that many; unset = the
 /// heuristic, short_row_lanes); KILN_CUDA_SPLIT_FINISH=0 finishes split reductions with a second
-/// launch instead of in their own (ReduceSignature::finish).
+/// launch instead of in their own (ReduceSignature::finish); KILN_CUDA_COMBO=0 launches every
+/// elementwise group alone (no combo launches, Launcher).
 struct Tuning {
     int ew_unroll = 1;    // measured on the H100: 1, 2 and 4 within noise of each other (chain64M)
     int ew_waves = 1 << 20;  // grid cap in waves of resident blocks: none (one vector per thread) measured
@@ -95,6 +110,7 @@ struct Tuning {
     int row_elems = 16;   // with exact rows (no bounds checks) 16 f32 per thread keep ~40 registers
     int row_lanes = -1;   // -1: short_row_lanes decides
     bool split_finish = true;
+    bool combo = true;
     static const Tuning& get() {
         static const Tuning t = [] {
             Tuning r;
@@ -102,6 +118,7 @@ struct Tuning {
             if (const char* e = std::getenv("KILN_CUDA_ROW_ELEMS")) r.row_elems = std::clamp(std::atoi(e), 1, 64);
             if (const char* e = std::getenv("KILN_CUDA_EW_WAVES")) r.ew_waves = std::clamp(std::atoi(e), 1, 1 << 20);
             if (const char* e = std::getenv("KILN_CUDA_SPLIT_FINISH")) r.split_finish = std::atoi(e) != 0;
+            if (const char* e = std::getenv("KILN_CUDA_COMBO")) r.combo = std::atoi(e) != 0;
             if (const char* e = std::getenv("KILN_CUDA_ROW_LANES")) {
                 const int v = std::atoi(e);
                 r.row_lanes = v <= 0 ? 0 : static_cast<int>(std::bit_floor(static_cast<unsigned>(std::min(v, 32))));
@@ -167,6 +184,7 @@ struct KernelMemo {
         CUfunction fn = nullptr;
         std::vector<std::int64_t> tail;
         unsigned grid = 0, block = 256;
+        std::shared_ptr<const ComboKernel> combo;  ///< set when the launch may join a combo launch
     } last;
 };
 
@@ -176,8 +194,9 @@ inline unsigned align64(const void* p) { return static_cast<unsigned>(reinterpre
 /// memo.last, for relaunch_last.
 inline void remember_launch(KernelMemo& memo, const fuse::Group& G, const std::vector<Tensor>& vals, const std::vector<Tensor>& outs,
                             const Shape& S, const Strides& out_strides, CUfunction f, std::vector<std::int64_t> tail, unsigned grid,
-                            unsigned block) {
+                            unsigned block, std::shared_ptr<const ComboKernel> combo = {}) {
     KernelMemo::Last l;
+    l.combo = std::move(combo);
     for (int leaf : G.leaves) {
         const Tensor& t = vals[static_cast<std::size_t>(leaf)];
         l.dtypes.push_back(t.dtype());
@@ -223,11 +242,23 @@ struct Launch {
     std::function<KernelText()> make;
     Args args;
     unsigned grid, block;
+    std::shared_ptr<const ComboKernel> combo;  ///< set: it may run as a segment of a combo launch
+    std::vector<Tensor> keep;  ///< a combo launch's operands, alive until it is launched (their memory
+                               ///< is not handed out again before then)
 };
 
 /// The launches of a program run, in order. A launch whose kernel is known goes out at once;
 /// once one is unknown, it and every later launch wait for flush(), which compiles all the
 /// unknown kernels together (in parallel) and then launches everything in order.
+///
+/// Combo launches (horizontal fusion, as torch's multi-tensor foreach kernels): elementwise
+/// launches that may be segments of a combo launch (EwSignature::combinable) are held back while
+/// none of them writes memory another one reads or writes (checked on the pointers' byte ranges),
+/// so they may run in any order; then the held launches of each kernel text (one optimizer update
+/// per parameter: the same text, other sizes and pointers) go out as one launch of the kernel's
+/// multi form, each a segment of its grid, as many as fit one parameter block (combo_slots). A
+/// launch that cannot join sends the held ones out first, so every dependence keeps its order.
+/// Held launches keep their operands alive (Launch::keep).
 class Launcher {
 public:
     explicit Launcher(int device) : device_(device) {}
@@ -237,27 +268,47 @@ public:
         if (!pending_.empty() && std::uncaught_exceptions() == 0) flush();
     }
 
-    void add(KernelMemo& memo, std::string key, std::function<KernelText()> make, Args args, unsigned grid, unsigned block) {
-        if (pending_.empty())
-            if (const CUfunction f = memo.find(key)) {
-                launch(f, grid, block, 0, current_stream(device_), args.finish());
-                return;
-            }
-        pending_.push_back({&memo, nullptr, std::move(key), std::move(make), std::move(args), grid, block});
-    }
-    /// A launch of a kernel already loaded.
-    void add(CUfunction f, Args args, unsigned grid, unsigned block) {
-        if (pending_.empty()) {
-            launch(f, grid, block, 0, current_stream(device_), args.finish());
+    void add(KernelMemo& memo, std::string key, std::function<KernelText()> make, Args args, unsigned grid, unsigned block,
+             std::shared_ptr<const ComboKernel> combo = {}, std::vector<Tensor> keep = {}) {
+        if (const CUfunction f = waiting_ ? nullptr : memo.find(key)) {
+            add(f, std::move(args), grid, block, std::move(combo), std::move(keep));
             return;
         }
-        pending_.push_back({nullptr, f, {}, {}, std::move(args), grid, block});
+        waiting_ = true;
+        pending_.push_back({&memo, nullptr, std::move(key), std::move(make), std::move(args), grid, block, nullptr, {}});
+        if (Tuning::get().combo && combo) {
+            pending_.back().combo = std::move(combo);
+            pending_.back().keep = std::move(keep);
+        }
+    }
+    /// A launch of a kernel already loaded (`keep`: a combo launch's operands).
+    void add(CUfunction f, Args args, unsigned grid, unsigned block, std::shared_ptr<const ComboKernel> combo = {},
+             std::vector<Tensor> keep = {}) {
+        Launch l{nullptr, f, {}, {}, std::move(args), grid, block, nullptr, {}};
+        if (Tuning::get().combo && combo) {
+            l.combo = std::move(combo);
+            l.keep = std::move(keep);
+        }
+        if (waiting_) {
+            pending_.push_back(std::move(l));
+            return;
+        }
+        // nothing waits for a compile: pending_ holds combo launches independent of each other
+        if (l.combo && joins(l, 0, pending_.size())) {
+            pending_.push_back(std::move(l));
+            return;
+        }
+        flush();
+        if (l.combo) pending_.push_back(std::move(l));
+        else launch(f, l.grid, l.block, 0, current_stream(device_), l.args.finish());
     }
 
-    /// Whether every launch added so far is queued on the stream (nothing waits for a compile).
-    bool idle() const { return pending_.empty(); }
+    /// Whether the memory of every launch added so far may be handed out again: each is queued on
+    /// the stream, or is a combo launch holding its operands (nothing waits for a compile).
+    bool idle() const { return !waiting_; }
 
-    /// Compiles what the queued launches need, then launches them in order.
+    /// Compiles what the queued launches need, then launches them in order, runs of combo launches
+    /// of one kernel as one launch.
     void flush() {
         if (pending_.empty()) return;
         std::vector<KernelText> texts;
@@ -269,13 +320,124 @@ public:
             }
         const std::vector<CUfunction> fs = kernel_functions(texts, device_);
         for (std::size_t j = 0; j < which.size(); ++j) pending_[which[j]].memo->insert(pending_[which[j]].key, fs[j]);
+        for (Launch& l : pending_)
+            if (l.memo) {
+                l.fn = l.memo->find(l.key);
+                l.memo = nullptr;
+            }
+        // stretches of combo launches that touch nothing another one writes go out as one launch per
+        // kernel (in order of first appearance), at most max_segments segments each
+        std::vector<std::vector<std::size_t>> out;  // each: one launch, of one kernel (combo when > 1)
+        for (std::size_t i = 0; i < pending_.size();) {
+            std::size_t j = i + 1;
+            if (pending_[i].combo)
+                while (j < pending_.size() && joins(pending_[j], i, j)) ++j;
+            std::vector<std::vector<std::size_t>> by_kernel;
+            for (std::size_t k = i; k < j; ++k) {
+                std::vector<std::size_t>* to = nullptr;
+                for (auto& v : by_kernel)
+                    if (pending_[v[0]].fn == pending_[k].fn && v.size() < max_segments(pending_[k])) to = &v;
+                if (to) to->push_back(k);
+                else by_kernel.push_back({k});
+            }
+            out.insert(out.end(), by_kernel.begin(), by_kernel.end());
+            i = j;
+        }
+        std::vector<KernelText> multi_texts;
+        std::vector<CUfunction> singles;
+        for (const auto& v : out)
+            if (v.size() > 1 && !known_multi(pending_[v[0]].fn) &&
+                std::find(singles.begin(), singles.end(), pending_[v[0]].fn) == singles.end()) {
+                multi_texts.push_back(pending_[v[0]].combo->make_multi());
+                singles.push_back(pending_[v[0]].fn);
+            }
+        if (!multi_texts.empty()) {
+            const std::vector<CUfunction> ms = kernel_functions(multi_texts, device_);
+            for (std::size_t j = 0; j < ms.size(); ++j) remember_multi(singles[j], ms[j]);
+        }
         const CUstream st = current_stream(device_);
-        for (Launch& l : pending_) launch(l.memo ? l.memo->find(l.key) : l.fn, l.grid, l.block, 0, st, l.args.finish());
+        for (const auto& v : out) {
+            if (v.size() == 1) {
+                Launch& l = pending_[v[0]];
+                launch(l.fn, l.grid, l.block, 0, st, l.args.finish());
+                continue;
+            }
+            // each segment takes a quarter of the blocks its own launch would (one vector per
+            // thread): four per thread, so each block's search for its segment is paid less often
+            Args a;
+            a.slots.assign(combo_slots, 0);
+            a.slots[0] = v.size();
+            std::size_t at = 1 + v.size();
+            unsigned grid = 0;
+            for (std::size_t s = 0; s < v.size(); ++s) {
+                const Launch& l = pending_[v[s]];
+                const std::size_t np = l.combo->bytes.size();
+                a.slots[1 + s] = grid;
+                a.slots[at] = l.args.slots[np];  // n
+                for (std::size_t k = 0; k < np; ++k) a.slots[at + 1 + k] = l.args.slots[k];
+                at += np + 1;
+                grid += (l.grid + 3) / 4;
+            }
+            launch(known_multi(pending_[v[0]].fn), grid, pending_[v[0]].block, 0, st, a.finish_block());
+            if (debug::log_on("combo"))
+                debug::log("combo", "one launch for " + std::to_string(v.size()) + " elementwise groups, " + std::to_string(grid) + " blocks");
+        }
         pending_.clear();
+        waiting_ = false;
     }
 
 private:
+    /// Whether launch l may join the pending launches [first, end): all combo launches (of any
+    /// kernel), none writing memory another reads or writes, so they may run in any order.
+    bool joins(const Launch& l, std::size_t first, std::size_t end) const {
+        if (!l.combo || l.fn == nullptr) return false;
+        const std::size_t nl = l.combo->bytes.size() - outputs(l);
+        auto range = [](const Launch& x, std::size_t k) {
+            const std::uint64_t lo = x.args.slots[k];
+            return std::pair<std::uint64_t, std::uint64_t>(lo, lo + static_cast<std::uint64_t>(x.combo->bytes[k]));
+        };
+        auto meet = [](std::pair<std::uint64_t, std::uint64_t> a, std::pair<std::uint64_t, std::uint64_t> b) {
+            return a.first < b.second && b.first < a.second;
+        };
+        for (std::size_t i = first; i < end; ++i) {
+            const Launch& m = pending_[i];
+            if (!m.combo || m.fn == nullptr) return false;
+            const std::size_t mn = m.combo->bytes.size(), ml = mn - outputs(m);
+            for (std::size_t k = 0; k < l.combo->bytes.size(); ++k)
+                for (std::size_t j = 0; j < mn; ++j) {
+                    const bool lw = k >= nl, mw = j >= ml;
+                    if ((lw || mw) && meet(range(l, k), range(m, j))) return false;
+                }
+        }
+        return true;
+    }
+    /// Segments of launch l's kernel one combo launch holds.
+    static std::size_t max_segments(const Launch& l) {
+        return static_cast<std::size_t>((combo_slots - 1) / combo_segment_slots(static_cast<int>(l.combo->bytes.size())));
+    }
+    /// How many of a combo launch's pointers are outputs (the last ones).
+    static std::size_t outputs(const Launch& l) { return static_cast<std::size_t>(l.combo->outputs); }
+
+    static std::mutex& multi_mu() {
+        static std::mutex m;
+        return m;
+    }
+    static std::unordered_map<CUfunction, CUfunction>& multi_map() {
+        static std::unordered_map<CUfunction, CUfunction> m;
+        return m;
+    }
+    static CUfunction known_multi(CUfunction single) {
+        std::lock_guard lock(multi_mu());
+        auto it = multi_map().find(single);
+        return it == multi_map().end() ? nullptr : it->second;
+    }
+    static void remember_multi(CUfunction single, CUfunction multi) {
+        std::lock_guard lock(multi_mu());
+        multi_map().emplace(single, multi);
+    }
+
     int device_;
+    bool waiting_ = false;  ///< a pending launch's kernel is not compiled yet
     std::vector<Launch> pending_;
 };
 
@@ -301,8 +463,14 @@ inline bool relaunch_last(KernelMemo& memo, const fuse::Group& G, const std::vec
     for (auto v : l.tail) a.add(v);
     const CUfunction f = l.fn;
     const unsigned grid = l.grid, block = l.block;
+    std::shared_ptr<const ComboKernel> combo = l.combo;
     lock.unlock();
-    L.add(f, std::move(a), grid, block);
+    std::vector<Tensor> keep;
+    if (combo) {
+        for (int leaf : G.leaves) keep.push_back(vals[static_cast<std::size_t>(leaf)]);
+        keep.insert(keep.end(), outs.begin(), outs.end());
+    }
+    L.add(f, std::move(a), grid, block, std::move(combo), std::move(keep));
     return true;
 }
 
@@ -386,9 +554,25 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     const unsigned grid = grid_for((n / vec + sig.unroll - 1) / sig.unroll, 256, device, Tuning::get().ew_waves);
     const std::string key = sig.key();
     const std::vector<std::int64_t> tail(a.slots.begin() + static_cast<std::ptrdiff_t>(nl + no), a.slots.end());
-    L.add(memo, key, [&g, &G, sig] { return elementwise_kernel(g, G, sig); }, std::move(a), grid, 256);
+    std::shared_ptr<const ComboKernel> combo;
+    if (sig.combinable()) {  // it may run as a segment of a combo launch (Launcher)
+        auto c = std::make_shared<ComboKernel>();
+        EwSignature ms = sig;
+        ms.multi = true;
+        c->make_multi = [&g, &G, ms] { return elementwise_kernel(g, G, ms); };
+        for (const Operand& o : ops) c->bytes.push_back((o.access == Access::scalar ? 1 : n) * static_cast<std::int64_t>(dtype_size(o.dtype)));
+        for (const Tensor& t : outs) c->bytes.push_back(n * static_cast<std::int64_t>(dtype_size(t.dtype())));
+        c->outputs = static_cast<int>(no);
+        combo = std::move(c);
+    }
+    std::vector<Tensor> keep;
+    if (combo) {
+        for (int leaf : G.leaves) keep.push_back(vals[static_cast<std::size_t>(leaf)]);
+        keep.insert(keep.end(), outs.begin(), outs.end());
+    }
+    L.add(memo, key, [&g, &G, sig] { return elementwise_kernel(g, G, sig); }, std::move(a), grid, 256, combo, std::move(keep));
     if (const CUfunction f = memo.find(key))  // known (not waiting for a flush): remember the launch
-        remember_launch(memo, G, vals, outs, S, outs[0].strides(), f, tail, grid, 256);
+        remember_launch(memo, G, vals, outs, S, outs[0].strides(), f, tail, grid, 256, std::move(combo));
 }
 
 // ------------------------------------------------------------------ row and reduce groups
