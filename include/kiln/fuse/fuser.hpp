@@ -69,8 +69,10 @@ struct Plan {
     std::vector<Group> groups;
     std::vector<int> group_of;       ///< node -> group that computes it (-1: leaf or scalar)
     std::vector<char> materialized;  ///< node has memory of its own (or is an input/constant/view)
-    /// node -> the in-place write into captured memory that stores it (-1: none): the elementwise
-    /// group that computes it writes straight into that memory (the write then copies nothing)
+    /// node -> the in-place write into captured memory that stores it (-1: none): the group that
+    /// computes it (elementwise, row or reduce) writes straight into that memory, in row-major
+    /// order (the node is the write's value, or the value a reshaping view of it reads), and the
+    /// write then copies nothing
     std::vector<int> store_into;
 
     int kernels() const {
@@ -537,13 +539,24 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         // group reads it only element for element at the same place (m = b1 m + ..., p = p - ...)
         const int w = G.outputs[0], src = g[w].in[1];
         const ir::Node& wn = g[w];
-        const int ks = p.group_of[sz(src)];
+        // the node whose kernel computes the value: src, or the value that src reshapes (a
+        // reduction's keepdim result seen in a gradient's shape: a view reading it in row-major
+        // order), which that kernel then stores in the captured memory's row-major layout
+        int prod = src;
+        if (const ir::Node& v = g[src]; v.kind == Kind::view && uses[sz(src)] == 1 && !is_output[sz(src)] && v.value == 0 &&
+                                        v.args == contiguous_strides(v.shape) && g[v.in[0]].shape.numel() == v.shape.numel() &&
+                                        g[v.in[0]].dtype == v.dtype)
+            prod = v.in[0];
+        const int ks = p.group_of[sz(prod)];
         // every other reader of the value computes in its group (an optimizer's new moment, stored
         // and also read by the parameter's update in the same kernel)
         bool only_here = ks >= 0;
-        for (int u : users[sz(src)]) only_here = only_here && (u == w || p.group_of[sz(u)] == ks);
-        if (!only_here || p.groups[sz(ks)].kind != Group::Kind::elementwise || is_output[sz(src)] ||
-            g[src].dtype != wn.dtype || !(wn.args == contiguous_strides(g[src].shape)))
+        for (int u : users[sz(prod)]) only_here = only_here && (u == w || u == src || p.group_of[sz(u)] == ks);
+        // kernels that write into memory placed for them (elementwise, row and reduce kernels on
+        // every backend; a matmul not: the CPU's GEMM makes its own)
+        const auto kk = ks >= 0 ? p.groups[sz(ks)].kind : Group::Kind::view;
+        const bool placed = kk == Group::Kind::elementwise || kk == Group::Kind::row || kk == Group::Kind::reduce;
+        if (!only_here || !placed || is_output[sz(prod)] || g[prod].dtype != wn.dtype || !(wn.args == contiguous_strides(g[src].shape)))
             continue;
         bool direct = true;
         for (std::size_t j = sz(ks) + 1; direct && j < k; ++j)
@@ -559,7 +572,7 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             }
         if (direct) {
             if (p.store_into.empty()) p.store_into.assign(sz(N), -1);
-            p.store_into[sz(src)] = w;
+            p.store_into[sz(prod)] = w;
             G.stored = true;
         }
     }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <exception>
@@ -59,6 +60,21 @@ inline CUfunction kernel_function(const KernelText& k, int device) {
     const CUfunction f = load_kernel(cubin, k.name).fn;
     loaded.emplace(key, f);
     return f;
+}
+
+/// Whether nothing in the program reads group G's results but the writes that G's kernel stores
+/// (Group::stored): an optimizer's update of a parameter, which the Launcher may hold back for a
+/// combo launch without delaying anything that waits for it. (Other launches go out at once.)
+inline bool group_is_sink(const ir::Graph& g, const fuse::Plan& p, const fuse::Group& G) {
+    for (int o : G.outputs)
+        for (int i = o + 1; i < g.size(); ++i)
+            for (int j : g[i].in) {
+                if (j != o || std::find(G.nodes.begin(), G.nodes.end(), i) != G.nodes.end()) continue;
+                const int gi = p.group_of[static_cast<std::size_t>(i)];
+                if (!(g[i].kind == ir::Kind::view_write && g[i].in[1] == o && gi >= 0 && p.groups[static_cast<std::size_t>(gi)].stored))
+                    return false;
+            }
+    return true;
 }
 
 /// Kernel parameters: each one 8 bytes, kept alive until the launch.
@@ -159,6 +175,9 @@ struct KernelMemo {
     std::unordered_map<std::string, CUfunction> by_sig;
     /// max_autotune's launch-shape choices: (the heuristic's signature key, rows) -> the chosen one
     std::unordered_map<std::string, RowSignature> tuned;
+    /// Whether the group's results go only into captured memory its kernel stores them in (an
+    /// optimizer's update): -1 not known yet, else 0 or 1 (group_is_sink)
+    std::atomic<int> sink{-1};
     // a memo belongs to one program, which runs on one device: the signature is the whole key
     CUfunction find(const std::string& sig) {
         std::lock_guard lock(mu);
@@ -252,7 +271,8 @@ struct Launch {
 /// unknown kernels together (in parallel) and then launches everything in order.
 ///
 /// Combo launches (horizontal fusion, as torch's multi-tensor foreach kernels): elementwise
-/// launches that may be segments of a combo launch (EwSignature::combinable) are held back while
+/// launches that may be segments of a combo launch (EwSignature::combinable, and a group whose
+/// results nothing waits for: group_is_sink) are held back while
 /// none of them writes memory another one reads or writes (checked on the pointers' byte ranges),
 /// so they may run in any order; then the held launches of each kernel text (one optimizer update
 /// per parameter: the same text, other sizes and pointers) go out as one launch of the kernel's
@@ -445,7 +465,7 @@ private:
 /// outs), when the operands look as they did then (dtypes, shapes, strides, addresses modulo 64,
 /// the space S, the first output's strides out_strides): returns false, launching nothing, otherwise.
 inline bool relaunch_last(KernelMemo& memo, const fuse::Group& G, const std::vector<Tensor>& vals, const std::vector<Tensor>& outs,
-                          const Shape& S, const Strides& out_strides, Launcher& L) {
+                          const Shape& S, const Strides& out_strides, Launcher& L, bool may_hold = false) {
     const std::size_t nl = G.leaves.size(), no = outs.size();
     std::unique_lock lock(memo.mu);
     const KernelMemo::Last& l = memo.last;
@@ -463,7 +483,7 @@ inline bool relaunch_last(KernelMemo& memo, const fuse::Group& G, const std::vec
     for (auto v : l.tail) a.add(v);
     const CUfunction f = l.fn;
     const unsigned grid = l.grid, block = l.block;
-    std::shared_ptr<const ComboKernel> combo = l.combo;
+    std::shared_ptr<const ComboKernel> combo = may_hold ? l.combo : nullptr;
     lock.unlock();
     std::vector<Tensor> keep;
     if (combo) {
@@ -486,8 +506,9 @@ inline Tensor out_for(std::vector<Tensor>& vals, int id, const Shape& s, DType d
 }
 
 // ------------------------------------------------------------------ elementwise groups
+/// `may_hold`: the launch may wait in the Launcher for a combo launch (group_is_sink).
 inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
-                            Launcher& L) {
+                            Launcher& L, bool may_hold = false) {
     const std::size_t no = G.outputs.size();
     const Shape& S = g[G.outputs[0]].shape;  // every output has the group's shape
     std::vector<Tensor> outs;
@@ -502,7 +523,7 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     const std::int64_t n = S.numel();
     if (n == 0) return;
     const std::size_t nl = G.leaves.size();
-    if (relaunch_last(memo, G, vals, outs, S, outs[0].strides(), L)) return;  // the operands look as they did last time
+    if (relaunch_last(memo, G, vals, outs, S, outs[0].strides(), L, may_hold)) return;  // the operands look as they did last time
     std::vector<std::int64_t> ost(outs[0].strides().begin(), outs[0].strides().end());
     std::vector<Operand> ops(G.leaves.size());
     std::vector<std::vector<std::int64_t>*> all{&ost};
@@ -555,7 +576,7 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     const std::string key = sig.key();
     const std::vector<std::int64_t> tail(a.slots.begin() + static_cast<std::ptrdiff_t>(nl + no), a.slots.end());
     std::shared_ptr<const ComboKernel> combo;
-    if (sig.combinable()) {  // it may run as a segment of a combo launch (Launcher)
+    if (may_hold && sig.combinable()) {  // it may run as a segment of a combo launch (Launcher)
         auto c = std::make_shared<ComboKernel>();
         EwSignature ms = sig;
         ms.multi = true;
@@ -969,11 +990,18 @@ inline void run_matmul_group(const ir::Graph& g, const fuse::Group& G, std::vect
 /// flush), matmuls through cuBLASLt.
 class CudaSteps final : public fuse::Steps {
 public:
-    CudaSteps(const ir::Graph& g, int device, const std::vector<std::unique_ptr<KernelMemo>>& memos, Launcher& launcher)
-        : g_(g), device_(device), memos_(memos), L_(launcher) {}
+    CudaSteps(const ir::Graph& g, const fuse::Plan& plan, int device, const std::vector<std::unique_ptr<KernelMemo>>& memos,
+              Launcher& launcher)
+        : g_(g), plan_(plan), device_(device), memos_(memos), L_(launcher) {}
     void kernel(std::size_t k, const fuse::Group& G, std::vector<Tensor>& vals) override {
         switch (G.kind) {
-            case fuse::Group::Kind::elementwise: run_elementwise(g_, G, vals, device_, *memos_[2 * k], L_); break;
+            case fuse::Group::Kind::elementwise: {
+                KernelMemo& memo = *memos_[2 * k];
+                int sink = memo.sink.load(std::memory_order_relaxed);
+                if (sink < 0) memo.sink.store(sink = group_is_sink(g_, plan_, G) ? 1 : 0, std::memory_order_relaxed);
+                run_elementwise(g_, G, vals, device_, memo, L_, sink == 1);
+                break;
+            }
             case fuse::Group::Kind::row: run_row(g_, G, vals, device_, *memos_[2 * k], L_); break;
             case fuse::Group::Kind::reduce: run_reduce(g_, G, vals, device_, *memos_[2 * k], *memos_[2 * k + 1], L_); break;
             case fuse::Group::Kind::matmul:
@@ -992,6 +1020,7 @@ public:
 
 private:
     const ir::Graph& g_;
+    const fuse::Plan& plan_;
     int device_;
     const std::vector<std::unique_ptr<KernelMemo>>& memos_;
     Launcher& L_;
@@ -1043,7 +1072,7 @@ public:
         // peak memory is its live set. Only once every launch so far is queued (Steps::issued): a
         // launch still waiting for its kernel's compile must not find its operand's block reused.
         Launcher L(device_);
-        CudaSteps steps(g, device_, memos_, L);
+        CudaSteps steps(g, plan, device_, memos_, L);
         return fuse::execute(g, plan, mem, vals, steps);
     }
 
