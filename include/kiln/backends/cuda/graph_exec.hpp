@@ -461,6 +461,16 @@ private:
     std::vector<Launch> pending_;
 };
 
+/// A combo launch's operands (G's leaves in vals, then its outputs): the Launcher keeps them alive
+/// while it holds the launch (Launch::keep).
+inline std::vector<Tensor> launch_operands(const fuse::Group& G, const std::vector<Tensor>& vals, const std::vector<Tensor>& outs) {
+    std::vector<Tensor> keep;
+    keep.reserve(G.leaves.size() + outs.size());
+    for (int leaf : G.leaves) keep.push_back(vals[static_cast<std::size_t>(leaf)]);
+    keep.insert(keep.end(), outs.begin(), outs.end());
+    return keep;
+}
+
 /// Launches group G's kernel as memo.last did, with this call's pointers (its leaves in vals, then
 /// outs), when the operands look as they did then (dtypes, shapes, strides, addresses modulo 64,
 /// the space S, the first output's strides out_strides): returns false, launching nothing, otherwise.
@@ -485,11 +495,7 @@ inline bool relaunch_last(KernelMemo& memo, const fuse::Group& G, const std::vec
     const unsigned grid = l.grid, block = l.block;
     std::shared_ptr<const ComboKernel> combo = may_hold ? l.combo : nullptr;
     lock.unlock();
-    std::vector<Tensor> keep;
-    if (combo) {
-        for (int leaf : G.leaves) keep.push_back(vals[static_cast<std::size_t>(leaf)]);
-        keep.insert(keep.end(), outs.begin(), outs.end());
-    }
+    std::vector<Tensor> keep = combo ? launch_operands(G, vals, outs) : std::vector<Tensor>{};
     L.add(f, std::move(a), grid, block, std::move(combo), std::move(keep));
     return true;
 }
@@ -586,11 +592,7 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
         c->outputs = static_cast<int>(no);
         combo = std::move(c);
     }
-    std::vector<Tensor> keep;
-    if (combo) {
-        for (int leaf : G.leaves) keep.push_back(vals[static_cast<std::size_t>(leaf)]);
-        keep.insert(keep.end(), outs.begin(), outs.end());
-    }
+    std::vector<Tensor> keep = combo ? launch_operands(G, vals, outs) : std::vector<Tensor>{};
     L.add(memo, key, [&g, &G, sig] { return elementwise_kernel(g, G, sig); }, std::move(a), grid, 256, combo, std::move(keep));
     if (const CUfunction f = memo.find(key))  // known (not waiting for a flush): remember the launch
         remember_launch(memo, G, vals, outs, S, outs[0].strides(), f, tail, grid, 256, std::move(combo));
