@@ -21,6 +21,7 @@
 #include <kiln/interop/eigen.hpp>
 #include <kiln/nn/bert.hpp>
 #include <kiln/nn/tokenizer.hpp>
+#include <kiln/backends/cuda/small_gemm.hpp>
 
 #include "hand_cpu.hpp"
 #include "train_workloads.hpp"
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +45,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -1277,6 +1280,39 @@ void bench_gpu(Bench& b, const std::string& self) {
         b.set_meta(gname, 2.0 * 8192.0 * 8192.0 * 8192.0, dt == kiln::DType::bf16 ? "bf16 (f32 accumulate)" : "f32 (no TF32)");
         Tensor y;
         b.gpu_row(gname, "matmul", 0, [&] { y = kiln::matmul(a, c); }, 10);
+    }
+    // Products of few rows (batch-1 inference, decoding): bert-base's four weights (768 -> 2304, 768
+    // -> 768, 768 -> 3072 with exact gelu, 3072 -> 768; each with a bias) applied to m rows in bf16,
+    // compiled with reduce_overhead (one CUDA graph: the GPU's time, not the host's). The bytes are
+    // the weights' (read once; the rows are small): %copy is the fraction of the copy bandwidth the
+    // weights stream at. "small" is the default (small_gemm.hpp's kernel up to 16 rows),
+    // "cublaslt" the same function compiled with that kernel off.
+    for (const int m : {1, 8, 16, 32, 64}) {
+        const std::string name = "linears_m" + std::to_string(m) + "_bf16";
+        if (!want(name)) continue;
+        kiln::manual_seed(20);
+        const kiln::nn::Init o{.dtype = kiln::DType::bf16, .device = kiln::Device::cuda()};
+        const kiln::nn::Linear qkv(768, 2304, true, kiln::Act::none, o), out(768, 768, true, kiln::Act::none, o),
+            up(768, 3072, true, kiln::Act::gelu, o), down(3072, 768, true, kiln::Act::none, o);
+        const Tensor x = kiln::randn({m, 768}).to(kiln::DType::bf16).to(kiln::Device::cuda());
+        const double bytes = 2.0 * (768.0 * 2304 + 768.0 * 768 + 2.0 * 768 * 3072 + 2304 + 768 + 3072 + 768);
+        b.set_meta(name, 2.0 * m * (768.0 * 2304 + 768.0 * 768 + 2.0 * 768 * 3072), "bf16 (f32 accumulate)");
+        const auto fn = [&](const Tensor& t) { return std::tuple<Tensor, Tensor, Tensor>{qkv(t), out(t), down(up(t))}; };
+        auto& limit = kiln::cuda::detail::small_gemm_limit();
+        const std::int64_t keep = limit.load();
+        std::tuple<Tensor, Tensor, Tensor> y;
+        auto small = kiln::compile(fn, {.mode = kiln::Mode::reduce_overhead});
+        y = small(x);
+        const std::array<Tensor, 3> ys = {std::get<0>(y).cpu(), std::get<1>(y).cpu(), std::get<2>(y).cpu()};
+        b.gpu_row(name, "small", bytes, [&] { y = small(x); });
+        limit.store(0);  // captured with cuBLASLt: the graph keeps it
+        auto lt = kiln::compile(fn, {.mode = kiln::Mode::reduce_overhead});
+        for (int i = 0; i < 3; ++i) y = lt(x);  // traced, run, captured
+        limit.store(keep);
+        check_close(name + " small vs cublaslt", ys[0], std::get<0>(y).cpu(), 0.05);
+        check_close(name + " small vs cublaslt", ys[1], std::get<1>(y).cpu(), 0.05);
+        check_close(name + " small vs cublaslt", ys[2], std::get<2>(y).cpu(), 0.05);
+        b.gpu_row(name, "cublaslt", bytes, [&] { y = lt(x); });
     }
     for (const char* name : {"mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18"})
         if (want(name)) model_rows(b, name, kiln::Device::cuda(), Bench::gpu, true);

@@ -364,7 +364,7 @@ TEST_CASE("gather / scatter / scatter_add kernels compile for every mode, dtype,
     CHECK(compile_all(src, {90}) == src.size());
 }
 
-TEST_CASE("every variant of the library kernel registry (im2col, max_pool and its gradient, gather_rows, attention) compiles") {
+TEST_CASE("every variant of the library kernel registry (im2col, max_pool and its gradient, gather_rows, attention, small GEMM) compiles") {
     TempCache tc;
     std::vector<cache::KernelSource> src;
     std::set<std::string> names;
@@ -372,9 +372,34 @@ TEST_CASE("every variant of the library kernel registry (im2col, max_pool and it
         src.push_back({k.source, k.name, {}});
         names.insert(k.name);
     }
-    CHECK(src.size() == 49);  // im2col 8, gather_rows 4, max_pool 8, col2im 4, max_pool_argmax 4, max_pool_backward 4, dropout_mask, rng_advance, attention 15
+    // im2col 8, gather_rows 4, max_pool 8, col2im 4, max_pool_argmax 4, max_pool_backward 4, dropout_mask, rng_advance,
+    // attention 15, small_gemm 14, act_pass 4
+    CHECK(src.size() == 67);
     CHECK(names.size() == src.size());  // each variant its own kernel name (the cache keys on the text, logs on the name)
     CHECK(compile_all(src) == src.size());
+}
+
+TEST_CASE("PDL entries (sm_90): library and generated kernels compile beginning with griddepcontrol.wait") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    for (const cuda::detail::KernelText& k : cuda::detail::library_kernel_sources())
+        src.push_back({cuda::detail::with_pdl_entry(k.source, 135168), k.name, {}});
+    auto [g, p] = trace_plan({zeros({16, 64}), zeros({64})}, [&](auto& in) {
+        return std::vector<kiln::Tensor>{kiln::softmax(in[0], -1), kiln::Tensor(kiln::exp(in[0]) + in[1]), kiln::sum(in[0], 0)};
+    });
+    for (cache::KernelSource s : sources_for(g, p, 7)) {
+        s.source = cuda::detail::with_pdl_entry(s.source, 135168);
+        src.push_back(s);
+    }
+    for (const cache::KernelSource& s : src) {
+        CAPTURE(s.name);
+        CHECK(s.source.find("griddepcontrol.wait") != std::string::npos);
+    }
+    CHECK(compile_all(src, {90}) == src.size());
+    // a kernel that places its own wait (the small GEMM's weight prefetch comes first) is left alone
+    const cuda::detail::SmallGemmSignature sg{};
+    const std::string own = cuda::detail::small_gemm_source(sg, cuda::detail::small_gemm_name(sg));
+    CHECK(cuda::detail::with_pdl_entry(own, 1) == own);
 }
 
 #else

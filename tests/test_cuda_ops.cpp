@@ -11,6 +11,7 @@
 #include <kiln/backends/cuda/cudnn.hpp>         // cuda::cudnn::available, conv_calls
 #include <kiln/backends/cuda/graphs.hpp>        // cuda::GraphStats
 #include <kiln/backends/cuda/kernel_cache.hpp>  // cache::kernel_cache_stats
+#include <kiln/backends/cuda/small_gemm.hpp>    // small_gemm_limit, small_gemm_launches
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -226,7 +227,7 @@ TEST_CASE("cuda: matmul routes to cuBLASLt from kiln::matmul" * doctest::skip(ki
     CHECK_THROWS_AS(kiln::matmul(cu(a), b), DeviceError);
 }
 
-TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU and matches it" * doctest::skip(kiln_test::no_cuda())) {
+TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU (and the exact gelu into the GEMM) and matches it" * doctest::skip(kiln_test::no_cuda())) {
     const Tensor w1 = randn({64, 128}), b1 = randn({128}), w2 = randn({128, 32});
     const Tensor w1d = cu(w1), b1d = cu(b1), w2d = cu(w2);
     auto mlp = [](const Tensor& w1_, const Tensor& b1_, const Tensor& w2_) {
@@ -238,7 +239,7 @@ TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU and matches 
     const Tensor rc = fc(x), rg = fg(cu(x));
     CHECK(rg.device() == Device::cuda());
     CHECK(rel_err(rg, rc) < 1e-4);
-    CHECK(fg.kernels() == fc.kernels());
+    CHECK(fg.kernels() == fc.kernels() - 1);  // gelu(x @ w1 + b1) is the GEMM's epilogue on CUDA
     // a second size recompiles with dims dynamic, a third reuses it
     for (std::int64_t n : {16, 32, 48, 5}) {
         const Tensor xn = randn({n, 64});
@@ -250,7 +251,7 @@ TEST_CASE("cuda: kiln::compile fuses the same kernels as on the CPU and matches 
     CHECK(rel_err(gg(cu(x)), rc) < 1e-4);
 }
 
-TEST_CASE("cuda: bias, relu and gelu_tanh after a matmul run as cuBLASLt epilogues, one library call" * doctest::skip(kiln_test::no_cuda())) {
+TEST_CASE("cuda: bias, relu, gelu_tanh and gelu after a matmul run as GEMM epilogues, one library call" * doctest::skip(kiln_test::no_cuda())) {
     for (DType dt : {DType::f32, DType::bf16}) {
         CAPTURE(dtype_name(dt));
         const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
@@ -274,6 +275,8 @@ TEST_CASE("cuda: bias, relu and gelu_tanh after a matmul run as cuBLASLt epilogu
         check([](const Tensor& a, const Tensor& ww, const Tensor& bb) { return Tensor(relu(bb + matmul(a, ww.t()))); }, 1);
         check([](const Tensor& a, const Tensor& ww, const Tensor& bb) { return Tensor(matmul(a, ww.t()) + bb); }, 1);
         check([](const Tensor& a, const Tensor& ww, const Tensor&) { return Tensor(relu(matmul(a, ww.t()))); }, 1);
+        // the exact gelu, which cuBLASLt lacks: a pass after its product (96 rows: not the small kernel)
+        check([](const Tensor& a, const Tensor& ww, const Tensor& bb) { return Tensor(gelu(matmul(a, ww.t()) + bb)); }, 1);
         // an epilogue cuBLASLt lacks stays one fused kernel after the GEMM
         check([](const Tensor& a, const Tensor& ww, const Tensor& bb) { return Tensor(sigmoid(matmul(a, ww.t()) + bb) * 2.0); }, 2);
     }
@@ -282,6 +285,78 @@ TEST_CASE("cuda: bias, relu and gelu_tanh after a matmul run as cuBLASLt epilogu
     auto f = [](const Tensor& a, const Tensor& ww, const Tensor& bb) { return Tensor(gelu_tanh(matmul(a, ww) + bb)); };
     CHECK(rel_err(compile(f)(cu(x), cu(w), cu(b)), f(x, w, b)) < 1e-5);
     CHECK(rel_err(kiln::matmul(cu(x), cu(w)), kiln::matmul(x, w)) < 1e-5);
+}
+
+TEST_CASE("cuda: products of few rows run on the small kernel and match float64" * doctest::skip(kiln_test::no_cuda())) {
+    auto& limit = cuda::detail::small_gemm_limit();
+    auto& launches = cuda::detail::small_gemm_launches();
+    const std::int64_t keep = limit.load();
+    limit.store(64);
+    struct Case { std::int64_t m, n, k; };
+    const Case cases[] = {{1, 5, 8}, {3, 40, 72}, {8, 2304, 768}, {16, 77, 3072}, {17, 24, 40}, {64, 96, 264}, {33, 9, 16}};
+    struct Epi { Act act; bool bias; };
+    const Epi epis[] = {{Act::none, false}, {Act::none, true}, {Act::relu, true}, {Act::gelu_tanh, true}, {Act::gelu, true}, {Act::relu, false}};
+    for (DType dt : {DType::bf16, DType::f16})
+        for (const Case& c : cases)
+            for (const Epi& e : epis) {
+                CAPTURE(dtype_name(dt));
+                CAPTURE(c.m);
+                CAPTURE(c.n);
+                CAPTURE(c.k);
+                CAPTURE(act_name(e.act));
+                CAPTURE(e.bias);
+                // the inputs rounded to dt first, so that the float64 reference multiplies the same numbers
+                const Tensor x = randn({c.m, c.k}).to(dt), w = randn({c.n, c.k}).to(dt), b = randn({c.n}).to(dt);
+                Tensor ref = kiln::matmul(x.to(DType::f64), w.to(DType::f64).t());
+                if (e.bias) ref = Tensor(ref + b.to(DType::f64));
+                if (e.act == Act::relu) ref = Tensor(relu(ref));
+                if (e.act == Act::gelu_tanh) ref = Tensor(gelu_tanh(ref));
+                if (e.act == Act::gelu) ref = Tensor(gelu(ref));
+                const Tensor bd = cu(b);
+                const std::int64_t before = launches.load();
+                const Tensor y = nn::linear(cu(x), cu(w), e.bias ? bd : Tensor(), e.act);
+                CHECK(launches.load() == before + 1);
+                CHECK(y.dtype() == dt);
+                CHECK(rel_err(y, ref) < 1e-2);
+                // the same product on cuBLASLt (the exact gelu in a pass after it) agrees to the output's rounding
+                limit.store(0);
+                const Tensor yl = nn::linear(cu(x), cu(w), e.bias ? bd : Tensor(), e.act);
+                limit.store(64);
+                CHECK(launches.load() == before + 1);
+                CHECK(rel_err(y, yl) < 1e-2);
+            }
+    // what the kernel does not take goes to cuBLASLt, with the same results: k not a multiple of 8,
+    // a misaligned row start, a row-major right operand, f32, more rows than the limit
+    const Tensor x = randn({4, 12}).to(DType::bf16), w = randn({24, 12}).to(DType::bf16);
+    const Tensor big = randn({4, 25}).to(DType::bf16);
+    const std::int64_t before = launches.load();
+    CHECK(rel_err(kiln::matmul(cu(x), cu(w).t()), kiln::matmul(x.to(DType::f64), w.to(DType::f64).t())) < 1e-2);
+    const Tensor xo = cu(big).slice(1, 1, 25), wo = cu(randn({16, 24}).to(DType::bf16));
+    CHECK(rel_err(kiln::matmul(xo, wo.t()), kiln::matmul(xo.cpu().to(DType::f64), wo.cpu().to(DType::f64).t())) < 1e-2);
+    const Tensor wr = randn({24, 40}).to(DType::bf16), xr = randn({2, 24}).to(DType::bf16);
+    CHECK(rel_err(kiln::matmul(cu(xr), cu(wr)), kiln::matmul(xr.to(DType::f64), wr.to(DType::f64))) < 1e-2);
+    const Tensor xf = randn({2, 64}), wf = randn({32, 64});
+    CHECK(rel_err(kiln::matmul(cu(xf), cu(wf).t()), kiln::matmul(xf.to(DType::f64), wf.to(DType::f64).t())) < 1e-5);
+    CHECK(launches.load() == before);
+    limit.store(keep);
+    const Tensor xm = randn({keep + 1, 64}).to(DType::bf16), wm = randn({32, 64}).to(DType::bf16);
+    CHECK(rel_err(kiln::matmul(cu(xm), cu(wm).t()), kiln::matmul(xm.to(DType::f64), wm.to(DType::f64).t())) < 1e-2);
+    CHECK(launches.load() == before);
+    // the exact gelu after cuBLASLt: a pass over the product (16-byte vectors, then a tail of 5)
+    for (DType dt : {DType::bf16, DType::f32}) {
+        const Tensor xg = randn({keep + 1, 40}).to(dt), wg = randn({13, 40}).to(dt), bg = randn({13}).to(dt);
+        const Tensor ref = gelu(kiln::matmul(xg.to(DType::f64), wg.to(DType::f64).t()) + bg.to(DType::f64));
+        CHECK(rel_err(nn::linear(cu(xg), cu(wg), cu(bg), Act::gelu), ref) < (dt == DType::f32 ? 1e-5 : 1e-2));
+    }
+    CHECK(launches.load() == before);
+    // nn::Linear on 8 tokens (a batch-1 sentence) takes it, with its bias in the epilogue
+    nn::Init o{DType::bf16, Device::cuda()};
+    const nn::Linear lin(64, 48, true, Act::relu, o);
+    const Tensor xt = randn({1, 8, 64}).to(DType::bf16);
+    const Tensor yt = lin(cu(xt));
+    CHECK(launches.load() == before + 1);
+    CHECK(yt.shape() == Shape{1, 8, 48});
+    CHECK(rel_err(yt, relu(kiln::matmul(xt.to(DType::f64), lin.weight.cpu().to(DType::f64).t()) + lin.bias.cpu().to(DType::f64))) < 1e-2);
 }
 
 TEST_CASE("cuda: a compiled function with a graph break and views" * doctest::skip(kiln_test::no_cuda())) {

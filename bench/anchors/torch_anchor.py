@@ -234,6 +234,17 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+class Linears(nn.Module):
+    """bert-base's four weights applied to the same rows (kiln_bench's linears_m* rows)."""
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(768, 2304), nn.Linear(768, 768)
+        self.up, self.down = nn.Linear(768, 3072), nn.Linear(3072, 768)
+
+    def forward(self, x):
+        return self.qkv(x), self.out(x), self.down(F.gelu(self.up(x)))
+
+
 def conv_fc_macs(model, inputs):
     """Multiply-accumulates of every Conv2d and Linear in one forward, counted from the shapes:
     conv: out.numel() * (cin / groups) * kh * kw; linear: out.numel() * in_features."""
@@ -358,6 +369,15 @@ def make_workload(name, device, tiny):
         weights = sum(p.numel() for p in model.parameters())
         return dict(fn=model, inputs=(x,), bytes=4 * (weights + x.numel() + B * 1000), flops=2 * macs,
                     math=MATH_TF32_CONV, tol=TOL_TF32, flops_formula="2 * MACs of all conv and fc layers, counted from shapes")
+    if name.startswith("linears_m"):  # kiln_bench's few-row products: bert-base's four weights on m rows, bf16
+        m = int(name[len("linears_m"):].split("_")[0])
+        torch.manual_seed(20)
+        model = _module(Linears(), dev, torch.bfloat16)
+        g = _gen(dev, 20)
+        x = _randn((m, 768), dev, g, torch.bfloat16)
+        weights = sum(p.numel() for p in model.parameters())
+        return dict(fn=model, inputs=(x,), bytes=2 * weights, flops=2 * m * (768 * 2304 + 768 * 768 + 2 * 768 * 3072),
+                    math=MATH_BF16, tol=TOL_BF16)
     if name.startswith("bert_base_"):
         return bert_base_workload(name, dev)
     if name == "minilm_32x64":
@@ -368,7 +388,8 @@ def make_workload(name, device, tiny):
 WORKLOADS = ("sincos_scalar", "chain64M", "chain16M", "chain1M", "bias_gelu", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn",
              "blackscholes",
              "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18",
-             "bert_base_b1_f32", "bert_base_b1_bf16", "bert_base_b8x128_f32", "bert_base_b8x128_bf16", "minilm_32x64")
+             "bert_base_b1_f32", "bert_base_b1_bf16", "bert_base_b8x128_f32", "bert_base_b8x128_bf16", "minilm_32x64",
+             "linears_m1_bf16", "linears_m8_bf16", "linears_m16_bf16", "linears_m32_bf16", "linears_m64_bf16")
 # the workloads that run on the CPU only (--device cpu) and those that run on the GPU only
 CPU_ONLY = ("minilm_32x64", "chain16M", "chain1M")
 

@@ -144,7 +144,7 @@ inline bool same_grouping(const Plan& a, const Plan& b) {
     for (std::size_t k = 0; k < a.groups.size(); ++k) {
         const Group &x = a.groups[k], &y = b.groups[k];
         if (x.kind != y.kind || x.nodes != y.nodes || x.outputs != y.outputs || x.leaves != y.leaves || x.mask != y.mask ||
-            x.bias != y.bias || x.act != y.act || x.in_place != y.in_place || x.stored != y.stored)
+            x.bias != y.bias || x.act != y.act || x.act_kind != y.act_kind || x.in_place != y.in_place || x.stored != y.stored)
             return false;
     }
     return true;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,7 +31,8 @@ struct Group {
     unsigned mask = 0;         ///< row: the reduced axes of `space`
     DType ct = DType::f32;     ///< row: the compute type of every member
     int bias = -1;             ///< matmul: the leaf added as a per-column bias by the library's epilogue
-    int act = -1;              ///< matmul: the activation node the library's epilogue applies last
+    int act = -1;              ///< matmul: the node whose value the epilogue's activation gives (its last)
+    Act act_kind = Act::none;  ///< matmul: that activation (an op, or the exact gelu's composite)
     bool in_place = false;     ///< write: stores into its base's memory (the base is a kernel's fresh
                                ///< output that nothing else reads), so the base is not copied
     bool stored = false;       ///< write: its value's kernel stores it (Plan::store_into), nothing runs
@@ -579,8 +581,8 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     return p;
 }
 
-/// Whether node `act` is an activation a GEMM library applies as an epilogue (the activation
-/// table's gemm_epilogue rows: relu, gelu_tanh).
+/// Whether node `act` is an activation op a GEMM applies as an epilogue (the activation table's
+/// gemm_epilogue rows that are ops: relu, gelu_tanh; the exact gelu is a composite, exact_gelu_nodes).
 inline bool is_epilogue_activation(const ir::Graph& g, int act) {
     const ir::Node& n = g[act];
     if (n.kind != ir::Kind::elementwise) return false;
@@ -588,10 +590,53 @@ inline bool is_epilogue_activation(const ir::Graph& g, int act) {
     return a && act_info(*a).gemm_epilogue;
 }
 
-/// For backends whose GEMM applies epilogues (cuBLASLt): an elementwise group that is exactly
-/// `act(matmul + bias)`, `matmul + bias` or `act(matmul)` over a matmul read by nothing else, with
-/// `bias` one value per output column and no dtype change, moves into the matmul group, which then
-/// writes the activation's value: one library call, no kernel. Other epilogues stay one kernel.
+/// The nodes of the exact gelu of node u, x * 0.5 * (1 + erf(x * (1/sqrt 2))) as ops/composites.hpp
+/// writes it (either operand order), when they are all that reads u and each reads only within
+/// it: {x*0.5, x*c, erf, 1+erf, the product} in node order (the product last), else empty.
+inline std::vector<int> exact_gelu_nodes(const ir::Graph& g, int u, const std::vector<std::vector<int>>& users,
+                                         const std::vector<char>& is_output) {
+    auto sz = [](int i) { return static_cast<std::size_t>(i); };
+    auto only = [&](int i) { return !is_output[sz(i)] && users[sz(i)].size() == 1 ? users[sz(i)][0] : -1; };
+    auto is_op = [&](int i, ops::OpId op) { return i >= 0 && g[i].kind == ir::Kind::elementwise && g[i].op == op; };
+    // the scalar operand of binary node i whose other operand is x, or NaN
+    auto scalar_with = [&](int i, int x) {
+        const ir::Node& n = g[i];
+        if (n.in.size() != 2) return std::nan("");
+        const int other = n.in[0] == x ? n.in[1] : n.in[1] == x ? n.in[0] : -1;
+        return other >= 0 && g[other].kind == ir::Kind::scalar ? g[other].value : std::nan("");
+    };
+    auto near = [](double a, double b) { return std::abs(a - b) <= 1e-6 * std::abs(b); };
+    const std::vector<int>& us = users[sz(u)];
+    if (is_output[sz(u)] || us.size() != 2 || us[0] == us[1]) return {};
+    const ops::OpId mul = ops::op_id<ops::Mul>, add = ops::op_id<ops::Add>, erf = ops::op_id<ops::Erf>;
+    int half = -1, scaled = -1;
+    for (int x : us) {
+        if (!is_op(x, mul)) return {};
+        const double v = scalar_with(x, u);
+        if (near(v, 0.5)) half = x;
+        else if (near(v, 0.7071067811865476)) scaled = x;
+    }
+    if (half < 0 || scaled < 0) return {};
+    const int e = only(scaled);
+    if (!is_op(e, erf) || g[e].in[0] != scaled) return {};
+    const int one = only(e);
+    if (!is_op(one, add) || !near(scalar_with(one, e), 1.0)) return {};
+    const int out = only(one);
+    if (!is_op(out, mul) || only(half) != out || g[out].in.size() != 2 ||
+        !((g[out].in[0] == half && g[out].in[1] == one) || (g[out].in[0] == one && g[out].in[1] == half)))
+        return {};
+    std::vector<int> nodes{half, scaled, e, one, out};
+    std::sort(nodes.begin(), nodes.end());
+    if (nodes.back() != out) return {};
+    return nodes;
+}
+
+/// For backends whose GEMM applies epilogues (cuBLASLt, and the small kernel): an elementwise group
+/// that is exactly `act(matmul + bias)`, `matmul + bias` or `act(matmul)` over a matmul read by
+/// nothing else, with `bias` one value per output column and no dtype change, moves into the
+/// matmul group, which then writes the activation's value: one library call, no kernel. `act` is
+/// an activation of the table (relu, gelu_tanh, and the exact gelu's composite). Other epilogues
+/// stay one kernel.
 inline void absorb_matmul_epilogues(const ir::Graph& g, Plan& p) {
     auto sz = [](int i) { return static_cast<std::size_t>(i); };
     detail::Readers readers = detail::readers_of(g);
@@ -606,13 +651,35 @@ inline void absorb_matmul_epilogues(const ir::Graph& g, Plan& p) {
         const ir::Node& mn = g[m];
         if (g[mn.in[0]].shape.rank() < 2 || g[mn.in[1]].shape.rank() < 2) continue;  // vector operands: no columns
         const std::int64_t n = mn.shape[mn.shape.rank() - 1];
-        int u = only_user(m);
+        // the product's reader: one elementwise node, or the exact gelu's two
+        const std::vector<int> direct_gelu = exact_gelu_nodes(g, m, users, is_output);
+        const int u = direct_gelu.empty() ? only_user(m) : direct_gelu.front();
         if (u < 0 || g[u].kind != ir::Kind::elementwise || g[u].dtype != mn.dtype) continue;
         const int e = p.group_of[sz(u)];
         if (e < 0 || p.groups[sz(e)].kind != Group::Kind::elementwise) continue;
         std::vector<int> chain{u};
         int bias = -1;
-        if (g[u].op == ops::op_id<ops::Add> && g[u].shape == mn.shape) {
+        Act act = Act::none;
+        // the activation after node x (x's only reader, or the exact gelu's nodes) into the chain
+        auto take_act = [&](int x) {
+            const int v = only_user(x);
+            if (v >= 0 && p.group_of[sz(v)] == e && is_epilogue_activation(g, v) && g[v].dtype == mn.dtype) {
+                chain.push_back(v);
+                act = *act_of_op(g[v].op);
+                return;
+            }
+            const std::vector<int> gl = x == m ? direct_gelu : exact_gelu_nodes(g, x, users, is_output);
+            if (gl.empty() || g[gl.back()].dtype != mn.dtype) return;
+            for (int j : gl)
+                if (p.group_of[sz(j)] != e) return;
+            chain.insert(chain.end(), gl.begin(), gl.end());
+            act = Act::gelu;
+        };
+        if (!direct_gelu.empty()) {
+            chain.clear();
+            take_act(m);
+            if (act != Act::gelu) continue;
+        } else if (g[u].op == ops::op_id<ops::Add> && g[u].shape == mn.shape) {
             const int other = g[u].in[0] == m ? g[u].in[1] : g[u].in[0];
             const ir::Node& bn = g[other];
             bool per_column = bn.kind != ir::Kind::scalar && p.materialized[sz(other)] && bn.dtype == mn.dtype &&
@@ -621,15 +688,17 @@ inline void absorb_matmul_epilogues(const ir::Graph& g, Plan& p) {
             for (int d = 0; per_column && d + 1 < bn.shape.rank(); ++d) per_column = bn.shape[d] == 1;
             if (!per_column) continue;
             bias = other;
-            const int v = only_user(u);
-            if (v >= 0 && p.group_of[sz(v)] == e && is_epilogue_activation(g, v) && g[v].dtype == mn.dtype) chain.push_back(v);
-        } else if (!is_epilogue_activation(g, u)) {
+            take_act(u);
+        } else if (is_epilogue_activation(g, u)) {
+            act = *act_of_op(g[u].op);
+        } else {
             continue;
         }
         const Group& E = p.groups[sz(e)];
         if (E.nodes != chain || E.outputs.size() != 1 || E.outputs[0] != chain.back()) continue;
         M.bias = bias;
-        M.act = is_epilogue_activation(g, chain.back()) ? chain.back() : -1;
+        M.act = act != Act::none ? chain.back() : -1;
+        M.act_kind = act;
         M.nodes.insert(M.nodes.end(), chain.begin(), chain.end());
         M.outputs = {chain.back()};
         if (bias >= 0) {

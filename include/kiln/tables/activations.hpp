@@ -26,7 +26,9 @@ struct ActInfo {
     Act act;
     std::string_view name;  ///< for messages, logs and kernel names
     int op;                 ///< the op-table op that computes it (ops::op_id), -1 for none and composites
-    bool gemm_epilogue;     ///< cuBLASLt applies it in a GEMM's epilogue (so the fuser may absorb it)
+    bool gemm_epilogue;     ///< a CUDA GEMM applies it after the product (cuBLASLt's epilogue or the small
+                            ///< kernel's; the exact gelu, which cuBLASLt lacks, in a pass after cuBLASLt),
+                            ///< so the fuser may absorb it
     bool conv_epilogue;     ///< cuDNN's fused convolution applies it
 };
 
@@ -35,7 +37,7 @@ inline constexpr std::array<ActInfo, 4> act_table{{
     {Act::none, "none", -1, true, true},
     {Act::relu, "relu", static_cast<int>(ops::op_id<ops::Relu>), true, true},
     {Act::gelu_tanh, "gelu_tanh", static_cast<int>(ops::op_id<ops::GeluTanh>), true, false},
-    {Act::gelu, "gelu", -1, false, false},  // a composite of erf (ops/composites.hpp); cuBLASLt's GELU is the tanh form
+    {Act::gelu, "gelu", -1, true, false},  // a composite of erf (ops/composites.hpp); cuBLASLt's GELU is the tanh form
 }};
 
 namespace detail {

@@ -32,8 +32,9 @@ namespace kiln::cuda {
 /// What cuBLASLt applies to the product before it is stored: C = act(A @ B + bias). The
 /// activations it has are the activation table's `gemm_epilogue` rows (tables/activations.hpp):
 /// its GELU is the tanh approximation, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), i.e.
-/// kiln::gelu_tanh; the exact (erf) gelu has none (a fused kernel applies it instead). The bias is
-/// a vector over the n output columns, broadcast over rows and batches.
+/// kiln::gelu_tanh; the exact (erf) gelu has none (cuda::matmul applies it in small_gemm.hpp's
+/// kernel, or in a pass after cuBLASLt). The bias is a vector over the n output columns, broadcast
+/// over rows and batches.
 struct Epilogue {
     Act act = Act::none;
     bool bias = false;
@@ -308,6 +309,7 @@ inline cublasStatus_t run_gemm(cublasLtHandle_t handle, cublasLtMatmulDescOpaque
     static const double one_d = 1.0, zero_d = 0.0;
     const void* alpha = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
     const void* beta = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+    after_library(stream);
     return cublasLtMatmul(handle, &desc, alpha, b, &plan.lt_a, a, &plan.lt_b, beta, c,
                           &plan.lt_d, c, &plan.lt_d, &algo, reinterpret_cast<void*>(workspace), gemm_workspace_bytes,
                           reinterpret_cast<cudaStream_t>(stream));

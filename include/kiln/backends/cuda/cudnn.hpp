@@ -491,7 +491,10 @@ inline bool graph_conv_forward(DeviceState& s, const ConvKey& k, const Tensor& x
     if (st == status_success) st = l.backend_set(vp, at_vp_uids, ty_int64, 3, uids);
     if (st == status_success) st = l.backend_set(vp, at_vp_workspace, ty_void_ptr, 1, &wp);
     if (st == status_success) st = l.backend_finalize(vp);
-    if (st == status_success) st = l.backend_execute(s.handle, g->plan, vp);
+    if (st == status_success) {
+        kiln::cuda::detail::after_library(current_stream(x.device().index));
+        st = l.backend_execute(s.handle, g->plan, vp);
+    }
     l.backend_destroy(vp);
     check(st, "cudnnBackendExecute");
     return true;
@@ -583,6 +586,7 @@ inline bool conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
     auto run = [&](int algo, std::size_t ws_bytes) {
         const Tensor ws = workspace(static_cast<std::int64_t>(ws_bytes), x.device());
         void* wp = ws.defined() ? ws.data_ptr() : nullptr;
+        kiln::cuda::detail::after_library(current_stream(k.device));  // the next kiln launch follows cuDNN's kernels
         if (!k.bias_act)
             return l.conv_forward(s.handle, &one_f, plan->x, x.data_ptr(), plan->w, w.data_ptr(), plan->conv, algo, wp, ws_bytes,
                                   &zero_f, plan->y, y.data_ptr());
@@ -667,6 +671,7 @@ inline bool conv2d_backward(ConvPass pass, const Tensor& x, const Tensor& w, con
     auto run = [&](int algo, std::size_t ws_bytes) {
         const Tensor ws = workspace(static_cast<std::int64_t>(ws_bytes), dy.device());
         void* wp = ws.defined() ? ws.data_ptr() : nullptr;
+        kiln::cuda::detail::after_library(current_stream(k.device));  // the next kiln launch follows cuDNN's kernels
         if (data)
             return l.conv_bwd_data(s.handle, &one_f, plan->w, w.data_ptr(), plan->y, dy.data_ptr(), plan->conv, algo, wp, ws_bytes, &zero_f,
                                    plan->x, out.data_ptr());

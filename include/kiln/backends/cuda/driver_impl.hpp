@@ -29,6 +29,8 @@ KILN_DECL Driver load_driver() {
     d.event_elapsed_time = reinterpret_cast<ElapsedFn*>(::dlsym(d.handle, "cuEventElapsedTime_v2"));
     if (!d.event_elapsed_time) d.event_elapsed_time = reinterpret_cast<ElapsedFn*>(::dlsym(d.handle, "cuEventElapsedTime"));
     if (!d.event_elapsed_time && d.error.empty()) d.error = "the CUDA driver lacks cuEventElapsedTime";
+    using LaunchExFn = CUresult(const LaunchConfig*, CUfunction, void**, void**);
+    d.launch_kernel_ex = reinterpret_cast<LaunchExFn*>(::dlsym(d.handle, "cuLaunchKernelEx"));
     if (!d.ok()) return d;
     if (CUresult r = d.init(0); r != cuda_success) {
         const char* name = nullptr;

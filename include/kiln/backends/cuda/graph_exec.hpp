@@ -41,26 +41,8 @@ Tensor& matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Epilogue epi, 
 
 namespace kiln::cuda::detail {
 
-/// The loaded function of a generated kernel on a device: compiled once per source (memory and
-/// disk caches), loaded once per device.
-inline CUfunction kernel_function(const KernelText& k, int device) {
-    static std::shared_mutex mu;
-    static std::unordered_map<std::string, CUfunction> loaded;
-    const std::string key = std::to_string(device) + "/" + k.name;
-    {
-        std::shared_lock lock(mu);
-        if (auto it = loaded.find(key); it != loaded.end()) return it->second;
-    }
-    const DeviceProperties& p = properties(device);
-    if (debug::log_on("output_code")) debug::log("output_code", "kernel " + k.name + ":\n" + k.source);
-    const std::string& cubin = kiln::cache::cubin_for(k.source, k.name, p.arch());
-    std::unique_lock lock(mu);
-    if (auto it = loaded.find(key); it != loaded.end()) return it->second;
-    use_device(device);
-    const CUfunction f = load_kernel(cubin, k.name).fn;
-    loaded.emplace(key, f);
-    return f;
-}
+/// The loaded function of a generated kernel on a device (kernel_cache.hpp's kernel_function).
+inline CUfunction kernel_function(const KernelText& k, int device) { return kernel_function(k.name, k.source, device); }
 
 /// Whether nothing in the program reads group G's results but the writes that G's kernel stores
 /// (Group::stored): an optimizer's update of a parameter, which the Launcher may hold back for a
@@ -968,11 +950,11 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
           static_cast<unsigned>(std::min<std::int64_t>(lay.rows, static_cast<std::int64_t>(sms) * 32)), 256);
 }
 
-/// A matmul group: the GEMM with the epilogue the fuser gave it (bias, relu, gelu_tanh), into
-/// the output's memory when the caller supplied it.
+/// A matmul group: the GEMM with the epilogue the fuser gave it (bias, relu, gelu_tanh, gelu),
+/// into the output's memory when the caller supplied it.
 inline void run_matmul_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
     const ir::Node& mm = g[G.nodes[0]];
-    const Epilogue epi{G.act >= 0 ? act_of_op(g[G.act].op).value() : Act::none, G.bias >= 0};
+    const Epilogue epi{G.act_kind, G.bias >= 0};
     Tensor bias;
     if (G.bias >= 0) {
         const Tensor& b = vals[static_cast<std::size_t>(G.bias)];
@@ -1122,7 +1104,7 @@ public:
         return std::make_shared<CudaGraphProgram>(std::move(g), std::move(plan), device_);
     }
     void adjust_plan(const ir::Graph& g, fuse::Plan& plan) const override {
-        fuse::absorb_matmul_epilogues(g, plan);  // cuBLASLt applies bias, relu and gelu_tanh
+        fuse::absorb_matmul_epilogues(g, plan);  // the GEMM applies bias, relu, gelu_tanh and gelu
     }
     void adjust_limits(fuse::Limits& lim) const override { lim.column_rows = false; }
     fuse::Executable replayed(fuse::Executable e) const override {

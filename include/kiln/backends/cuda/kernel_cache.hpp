@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -34,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/backends/cuda/driver.hpp"
 #include "kiln/backends/cuda/nvrtc.hpp"
 #include "kiln/cache/files.hpp"
 #include "kiln/core/error.hpp"
@@ -393,4 +395,50 @@ inline void clear_memory_kernel_cache() {
 
 }  // namespace kiln::cache
 
+namespace kiln::cuda::detail {
 
+/// The source with every kernel beginning with griddepcontrol.wait, then (where the grid has at
+/// most `trigger_threads` threads, so its dependents' blocks find room without delaying its own)
+/// griddepcontrol.launch_dependents: what a kernel launched for PDL (driver.hpp) needs. Kernels
+/// that place these themselves (a weight prefetch before the wait) are left as they are.
+inline std::string with_pdl_entry(const std::string& source, long long trigger_threads) {
+    if (source.find("griddepcontrol.wait") != std::string::npos) return source;
+    const std::string entry = "\n  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+                              "  if ((long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x * blockDim.y * blockDim.z <= " +
+                              std::to_string(trigger_threads) + "ll) asm volatile(\"griddepcontrol.launch_dependents;\");\n";
+    std::string out = source;
+    for (std::size_t at = out.find("__global__"); at != std::string::npos; at = out.find("__global__", at + 1)) {
+        const std::size_t body = out.find('{', at);
+        if (body == std::string::npos) break;
+        out.insert(body + 1, entry);
+    }
+    return out;
+}
+
+/// The loaded function `name` of a kernel's source on a device: compiled once per source (memory
+/// and disk caches, cubin_for), loaded once per device. For PDL (sm_90+, driver.hpp) the source
+/// gets its entry (with_pdl_entry) and the function is marked for PDL launches.
+inline CUfunction kernel_function(const std::string& name, const std::string& source, int device) {
+    static std::shared_mutex mu;
+    static std::unordered_map<std::string, CUfunction> loaded;
+    const std::string key = std::to_string(device) + "/" + name;
+    {
+        std::shared_lock lock(mu);
+        if (auto it = loaded.find(key); it != loaded.end()) return it->second;
+    }
+    const DeviceProperties& p = properties(device);
+    const bool pdl = pdl_enabled(p.arch());
+    const long long half_device = static_cast<long long>(p.sm_count) * 1024;  // threads: half of what it holds at once
+    const std::string text = pdl ? with_pdl_entry(source, half_device) : source;
+    if (debug::log_on("output_code")) debug::log("output_code", "kernel " + name + ":\n" + text);
+    const std::string& cubin = kiln::cache::cubin_for(text, name, p.arch());
+    std::unique_lock lock(mu);
+    if (auto it = loaded.find(key); it != loaded.end()) return it->second;
+    use_device(device);
+    const CUfunction f = load_kernel(cubin, name).fn;
+    if (pdl) mark_pdl(f, half_device);
+    loaded.emplace(key, f);
+    return f;
+}
+
+}  // namespace kiln::cuda::detail

@@ -15,6 +15,8 @@
 //   attention_kernel    scaled_dot_product_attention in one pass (scores, mask, online softmax, PV),
 //                       tensor cores (mma.sync) for f16/bf16 on sm_80+, one thread per query row
 //                       otherwise
+//   small_gemm          products of few rows, and act_pass, the exact gelu after a cuBLASLt product
+//                       (small_gemm.hpp: their texts, when they run, the launches)
 #pragma once
 
 #include <cstddef>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "kiln/backends/cuda/codegen.hpp"
+#include "kiln/backends/cuda/small_gemm.hpp"
 #include "kiln/core/dtype.hpp"
 
 namespace kiln::cuda::detail {
@@ -383,84 +386,121 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
         k.source = src;
         return k;
     }
-    // tensor cores, as FlashAttention-2 does: 4 warps x 16 query rows; per 64 keys, S = Q K^T by
-    // m16n8k16 MMAs (f32 accumulators), the running max and sum per row (a row's 16 columns sit in
+    // tensor cores, as FlashAttention-2 does: 4 warps x 16 query rows; per tile of KT keys, S = Q K^T
+    // by m16n8k16 MMAs (f32 accumulators), the running max and sum per row (a row's columns sit in
     // the 4 threads of a quad), then P (its accumulator registers are the A operand's layout,
-    // rounded to T) times V (kept transposed in shared memory) into the output accumulators
-    const int DP = (D + 15) / 16 * 16;
-    const std::string Ds = std::to_string(D), DPs = std::to_string(DP);
+    // rounded to T) times V (row-major in shared memory, its B fragments read by ldmatrix.trans)
+    // into the output accumulators. Q, K and V reach shared memory by cp.async where 16-byte
+    // vectors fit (s.vec), the next tile's copies in flight while this tile is multiplied (two
+    // buffers); Q is staged in the second buffer before the first tile needs it.
+    const int DP = (D + 15) / 16 * 16, KT = DP <= 64 ? 64 : 32;
+    const std::string Ds = std::to_string(D), DPs = std::to_string(DP), KTs = std::to_string(KT);
     const std::string mma = std::string("mma.sync.aligned.m16n8k16.row.col.f32.") + (s.dtype == DType::bf16 ? "bf16.bf16" : "f16.f16") + ".f32";
+    // one buffer's tile of keys k0.. (K and V, rows past Sk and columns past D zero): cp.async
+    // (zero-filled where src-size is 0) or element loads
+    const std::string load_tile =
+        s.vec ? "  for (int i = threadIdx.x; i < KT * (DP / 8); i += 128) {\n"
+                "    const int j = i / (DP / 8), c = (i - j * (DP / 8)) * 8;\n"
+                "    const long long key = k0 + j; const bool ok = key < Sk && c < D;\n"
+                "    const long long kr = ok ? key : 0; const int cc = ok ? c : 0;\n"
+                "    cp16(&Kb[j * KS + c], kp + kr * ks + cc, ok ? 16 : 0);\n"
+                "    cp16(&Vb[j * KS + c], vp + kr * vs + cc, ok ? 16 : 0);\n"
+                "  }\n"
+              : "  for (int i = threadIdx.x; i < KT * DP; i += 128) {\n"
+                "    const int j = i / DP, d = i - j * DP; const long long key = k0 + j; const bool ok = key < Sk && d < D;\n"
+                "    Kb[j * KS + d] = ok ? kp[key * ks + d * kd] : (unsigned short)0;\n"
+                "    Vb[j * KS + d] = ok ? vp[key * vs + d * vd] : (unsigned short)0;\n"
+                "  }\n";
+    // the mask's two rows of this thread (g and g + 8 of its warp's 16, clamped to Sq) found once:
+    // per (row, key) only the key's offset remains
+    const std::string mask_rows =
+        s.mask == 0 ? std::string()
+                    : "  const long long mq0 = q0 + warp * 16 + g, mq1 = mq0 + 8;\n"
+                      "  const M* mr0 = mask + b * mb + h * mh + (mq0 < Sq ? mq0 : Sq - 1) * mq;\n"
+                      "  const M* mr1 = mask + b * mb + h * mh + (mq1 < Sq ? mq1 : Sq - 1) * mq;\n";
+    const std::string mma_mask_term =
+        s.mask == 0 ? std::string("0.f")
+                    : std::string(s.mask == 1 ? "((e >= 2 ? mr1 : mr0)" : "ldm((e >= 2 ? mr1 : mr0)") +
+                          "[(key < Sk ? key : Sk - 1) * mk]" + (s.mask == 1 ? " ? 0.f : NEG)" : ")");
     src += "__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {\n"
            "  asm volatile(\"" + mma + " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
            "               : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3]) : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
            "}\n"
+           "__device__ __forceinline__ void cp16(void* dst, const void* src, int bytes) {\n"
+           "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"((unsigned)__cvta_generic_to_shared(dst)), \"l\"(src), \"r\"(bytes));\n"
+           "}\n"
+           "__device__ __forceinline__ void cp_wait() { asm volatile(\"cp.async.commit_group;\\ncp.async.wait_group 0;\\n\" ::: \"memory\"); }\n"
+           "__device__ __forceinline__ void ldsm_t4(const unsigned short* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {\n"
+           "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+           "               : \"=r\"(r0), \"=r\"(r1), \"=r\"(r2), \"=r\"(r3) : \"r\"((unsigned)__cvta_generic_to_shared(p)));\n"
+           "}\n"
+           "template <int KT, int DP, int D, int KS>\n"
+           "__device__ __forceinline__ void load_tile(unsigned short* Kb, unsigned short* Vb, const T* kp, const T* vp, long long k0, long long Sk,\n"
+           "                                          long long ks, long long kd, long long vs, long long vd) {\n" + load_tile +
+           "}\n"
            "extern \"C\" __global__ void __launch_bounds__(128) " + k.name + params + " {\n" + head +
-           "  constexpr int D = " + Ds + ", DP = " + DPs + ", KT = 64, KS = DP + 8, VS = KT + 8;\n"
-           "  __shared__ __align__(16) unsigned short Ks[KT * KS];  // Q first (its fragments), then each key tile\n"
-           "  __shared__ __align__(16) unsigned short Vt[DP * VS];  // each value tile, transposed: Vt[d][key]\n"
+           "  constexpr int D = " + Ds + ", DP = " + DPs + ", KT = " + KTs + ", KS = DP + 8;\n"
+           "  // K0, V0, K1, V1: two buffers of a key tile each; Q (64 rows) staged in K1 and V1 first\n"
+           "  __shared__ __align__(16) unsigned short sm[4 * KT * KS];\n"
            "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-           "  const long long q0 = tile * 64;\n"
-           "  const int nq = (int)(Sq - q0 < 64 ? Sq - q0 : 64);  // rows past it are never written: they may hold anything\n" +
-           (s.vec ? "  for (int i = threadIdx.x; i < nq * (DP / 8); i += 128) {\n"
-                    "    const int r = i / (DP / 8), c = (i - r * (DP / 8)) * 8;\n"
-                    "    *(uint4*)&Ks[r * KS + c] = c < D ? *(const uint4*)(qp + (q0 + r) * qs + c) : make_uint4(0u, 0u, 0u, 0u);\n"
-                    "  }\n"
-                  : "  for (int i = threadIdx.x; i < nq * DP; i += 128) {\n"
-                    "    const int r = i / DP, d = i - r * DP;\n"
-                    "    Ks[r * KS + d] = d < D ? qp[(q0 + r) * qs + d * qd] : (unsigned short)0;\n"
-                    "  }\n") +
+           "  const long long q0 = tile * 64;\n" + mask_rows +
+           "  {\n"
+           "    unsigned short* Qs = sm + 2 * KT * KS;\n" +
+           (s.vec ? "    for (int i = threadIdx.x; i < 64 * (DP / 8); i += 128) {\n"
+                    "      const int r = i / (DP / 8), c = (i - r * (DP / 8)) * 8;\n"
+                    "      const long long row = q0 + r; const bool ok = row < Sq && c < D;\n"
+                    "      cp16(&Qs[r * KS + c], qp + (ok ? row : 0) * qs + (ok ? c : 0), ok ? 16 : 0);\n"
+                    "    }\n"
+                  : "    for (int i = threadIdx.x; i < 64 * DP; i += 128) {\n"
+                    "      const int r = i / DP, d = i - r * DP; const long long row = q0 + r;\n"
+                    "      Qs[r * KS + d] = row < Sq && d < D ? qp[row * qs + d * qd] : (unsigned short)0;\n"
+                    "    }\n") +
+           "  }\n"
+           "  load_tile<KT, DP, D, KS>(sm, sm + KT * KS, kp, vp, 0, Sk, ks, kd, vs, vd);\n"
+           "  cp_wait();\n"
            "  __syncthreads();\n"
            "  unsigned qa[DP / 16][4];\n"
            "  #pragma unroll\n"
            "  for (int c = 0; c < DP / 16; ++c) {\n"
+           "    const unsigned short* Qs = sm + 2 * KT * KS;\n"
            "    const int r0 = warp * 16 + g, col = c * 16 + 2 * t;\n"
-           "    qa[c][0] = *(const unsigned*)&Ks[r0 * KS + col];\n"
-           "    qa[c][1] = *(const unsigned*)&Ks[(r0 + 8) * KS + col];\n"
-           "    qa[c][2] = *(const unsigned*)&Ks[r0 * KS + col + 8];\n"
-           "    qa[c][3] = *(const unsigned*)&Ks[(r0 + 8) * KS + col + 8];\n"
+           "    qa[c][0] = *(const unsigned*)&Qs[r0 * KS + col];\n"
+           "    qa[c][1] = *(const unsigned*)&Qs[(r0 + 8) * KS + col];\n"
+           "    qa[c][2] = *(const unsigned*)&Qs[r0 * KS + col + 8];\n"
+           "    qa[c][3] = *(const unsigned*)&Qs[(r0 + 8) * KS + col + 8];\n"
            "  }\n"
+           "  __syncthreads();  // Q's space takes the second tile\n"
            "  float o[DP / 8][4];\n"
            "  #pragma unroll\n"
            "  for (int n = 0; n < DP / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;\n"
            "  float m[2] = {NEG, NEG}, l[2] = {0.f, 0.f};\n"
-           "  for (long long k0 = 0; k0 < Sk; k0 += KT) {\n"
-           "    __syncthreads();\n"
-           "    const int nk = (int)(Sk - k0 < KT ? Sk - k0 : KT);  // keys past it score -inf; their V must be 0, not NaN\n" +
-           (s.vec ? "    for (int i = threadIdx.x; i < nk * (DP / 8); i += 128) {\n"
-                    "      const int j = i / (DP / 8), c = (i - j * (DP / 8)) * 8;\n"
-                    "      const uint4 z = make_uint4(0u, 0u, 0u, 0u);\n"
-                    "      const uint4 x = c < D ? *(const uint4*)(kp + (k0 + j) * ks + c) : z, y = c < D ? *(const uint4*)(vp + (k0 + j) * vs + c) : z;\n"
-                    "      *(uint4*)&Ks[j * KS + c] = x;\n"
-                    "      const unsigned short* ye = (const unsigned short*)&y;\n"
-                    "      #pragma unroll\n"
-                    "      for (int u = 0; u < 8; ++u) Vt[(c + u) * VS + j] = ye[u];\n"
-                    "    }\n"
-                  : "    for (int i = threadIdx.x; i < nk * DP; i += 128) {\n"
-                    "      const int j = i / DP, d = i - j * DP; const long long key = k0 + j; const bool ok = d < D;\n"
-                    "      Ks[j * KS + d] = ok ? kp[key * ks + d * kd] : (unsigned short)0;\n"
-                    "      Vt[d * VS + j] = ok ? vp[key * vs + d * vd] : (unsigned short)0;\n"
-                    "    }\n") +
-           "    for (int i = threadIdx.x; i < (KT - nk) * DP; i += 128) Vt[(i % DP) * VS + nk + i / DP] = 0;\n"
-           "    __syncthreads();\n"
-           "    float sc[8][4], mvs[8][4];\n"
+           "  for (long long k0 = 0, it = 0; k0 < Sk; k0 += KT, ++it) {\n"
+           "    const unsigned short* Kb = sm + (it & 1) * 2 * KT * KS;\n"
+           "    const unsigned short* Vb = Kb + KT * KS;\n"
+           "    const bool more = k0 + KT < Sk;\n"
+           "    if (more) {\n"
+           "      unsigned short* Kn = sm + ((it + 1) & 1) * 2 * KT * KS;\n"
+           "      load_tile<KT, DP, D, KS>(Kn, Kn + KT * KS, kp, vp, k0 + KT, Sk, ks, kd, vs, vd);\n"
+           "    }\n"
+           "    float sc[KT / 8][4], mvs[KT / 8][4];\n"
            "    #pragma unroll\n"
-           "    for (int n = 0; n < 8; ++n)\n"
+           "    for (int n = 0; n < KT / 8; ++n)\n"
            "      #pragma unroll\n"
            "      for (int e = 0; e < 4; ++e) {\n"
            "        const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t + (e & 1);\n"
-           "        mvs[n][e] = " + mask_term + ";\n"
+           "        mvs[n][e] = " + mma_mask_term + ";\n"
            "      }\n"
            "    #pragma unroll\n"
-           "    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;\n"
+           "    for (int n = 0; n < KT / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;\n"
            "    #pragma unroll\n"
            "    for (int c = 0; c < DP / 16; ++c)\n"
            "      #pragma unroll\n"
-           "      for (int n = 0; n < 8; ++n) {\n"
-           "        const unsigned short* kr = &Ks[(n * 8 + g) * KS + c * 16 + 2 * t];\n"
+           "      for (int n = 0; n < KT / 8; ++n) {\n"
+           "        const unsigned short* kr = &Kb[(n * 8 + g) * KS + c * 16 + 2 * t];\n"
            "        mma(sc[n], qa[c], *(const unsigned*)kr, *(const unsigned*)(kr + 8));\n"
            "      }\n"
            "    #pragma unroll\n"
-           "    for (int n = 0; n < 8; ++n)\n"
+           "    for (int n = 0; n < KT / 8; ++n)\n"
            "      #pragma unroll\n"
            "      for (int e = 0; e < 4; ++e) {\n"
            "        const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t + (e & 1);\n"
@@ -472,7 +512,7 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
            "    for (int r = 0; r < 2; ++r) {\n"
            "      float mx = NEG;\n"
            "      #pragma unroll\n"
-           "      for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));\n"
+           "      for (int n = 0; n < KT / 8; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));\n"
            "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
            "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
            "      const float mn = fmaxf(m[r], mx), mu = mn == NEG ? 0.f : mn, corr = __expf(m[r] - mu);\n"
@@ -480,21 +520,29 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
            "      #pragma unroll\n"
            "      for (int n = 0; n < DP / 8; ++n) { o[n][2 * r] *= corr; o[n][2 * r + 1] *= corr; }\n"
            "      #pragma unroll\n"
-           "      for (int n = 0; n < 8; ++n) {\n"
+           "      for (int n = 0; n < KT / 8; ++n) {\n"
            "        sc[n][2 * r] = __expf(sc[n][2 * r] - mu); sc[n][2 * r + 1] = __expf(sc[n][2 * r + 1] - mu);\n"
            "        l[r] += sc[n][2 * r] + sc[n][2 * r + 1];\n"
            "      }\n"
            "    }\n"
            "    #pragma unroll\n"
-           "    for (int j = 0; j < 4; ++j) {\n"
+           "    for (int j = 0; j < KT / 16; ++j) {\n"
            "      const unsigned a[4] = {pack2(sc[2 * j][0], sc[2 * j][1]), pack2(sc[2 * j][2], sc[2 * j][3]),\n"
            "                             pack2(sc[2 * j + 1][0], sc[2 * j + 1][1]), pack2(sc[2 * j + 1][2], sc[2 * j + 1][3])};\n"
+           "      // lane l gives the address of key j*16 + (l/8 % 2)*8 + l%8, columns (n + l/16)*8..: V's B\n"
+           "      // fragments of column blocks n and n + 1\n"
+           "      const unsigned short* vr = &Vb[(j * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (lane >> 4) * 8];\n"
            "      #pragma unroll\n"
-           "      for (int n = 0; n < DP / 8; ++n) {\n"
-           "        const unsigned short* vr = &Vt[(n * 8 + g) * VS + j * 16 + 2 * t];\n"
-           "        mma(o[n], a, *(const unsigned*)vr, *(const unsigned*)(vr + 8));\n"
+           "      for (int n = 0; n < DP / 8; n += 2) {\n"
+           "        unsigned b0, b1, b2, b3;\n"
+           "        ldsm_t4(vr + n * 8, b0, b1, b2, b3);\n"
+           "        mma(o[n], a, b0, b1);\n"
+           "        mma(o[n + 1], a, b2, b3);\n"
            "      }\n"
            "    }\n"
+           "    if (!more) break;\n"
+           "    cp_wait();\n"
+           "    __syncthreads();\n"
            "  }\n"
            "  #pragma unroll\n"
            "  for (int r = 0; r < 2; ++r) {\n"
@@ -545,6 +593,20 @@ inline std::vector<KernelText> library_kernel_sources() {
     out.push_back(attention_kernel({DType::bf16, 32, 1, DType::f32, false, true}));
     out.push_back(attention_kernel({DType::bf16, 64, 2, DType::f32, true, true}));
     out.push_back(attention_kernel({DType::f16, 40, 0, DType::f32, true, true}));
+    // small products: each activation with a bias, and each row-tile count, in both dtypes
+    for (DType d : {DType::bf16, DType::f16}) {
+        for (const ActInfo& a : act_table) {
+            const SmallGemmSignature s{d, 1, Epilogue{a.act, true}};
+            out.push_back({small_gemm_name(s), small_gemm_source(s, small_gemm_name(s))});
+        }
+        for (int mt = 2; mt <= 4; ++mt) {
+            const SmallGemmSignature s{d, mt, Epilogue{}};
+            out.push_back({small_gemm_name(s), small_gemm_source(s, small_gemm_name(s))});
+        }
+    }
+    // the exact gelu after a cuBLASLt product, in each dtype cuBLASLt computes
+    for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16})
+        out.push_back({act_pass_name(d, Act::gelu), act_pass_source(d, Act::gelu, act_pass_name(d, Act::gelu))});
     return out;
 }
 

@@ -1,4 +1,5 @@
-// Tensor-level matrix products on CUDA: kiln::matmul's rules (1-D operands, batch broadcasting) on cuBLASLt.
+// Tensor-level matrix products on CUDA: kiln::matmul's rules (1-D operands, batch broadcasting) on cuBLASLt,
+// and on small_gemm.hpp's kernel for products of few rows.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "kiln/backends/cuda/allocator.hpp"
 #include "kiln/backends/cuda/blas.hpp"
 #include "kiln/backends/cuda/driver.hpp"
+#include "kiln/backends/cuda/small_gemm.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/ir/shapes.hpp"
@@ -109,11 +111,14 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
 
     // the bias: one value per output column, on the device, in the result dtype (f32 is converted)
     Tensor bias_t;
+    // what cuBLASLt applies: the exact gelu comes after it, in a pass (or in the small kernel)
+    const Epilogue lib_epi{epi.act == Act::gelu ? Act::none : epi.act, epi.bias};
+    const Act act_after = epi.act == Act::gelu ? epi.act : Act::none;
     if (!act_info(epi.act).gemm_epilogue) {
         std::string has;
         for (const ActInfo& r : act_table)
             if (r.gemm_epilogue && r.act != Act::none) has += (has.empty() ? "" : ", ") + std::string(r.name);
-        fail<ValueError>("matmul", "cuBLASLt has no " + std::string(act_name(epi.act)) + " epilogue (it has " + has +
+        fail<ValueError>("matmul", "no " + std::string(act_name(epi.act)) + " epilogue (there are " + has +
                                        "; apply the activation to the product instead)", loc);
     }
     if (epilogue_has_bias(epi) && !bias)
@@ -171,8 +176,9 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
             za.fill_(0);
             zb.fill_(0);
             // the zero operands broadcast over c3's batch (batch stride 0)
-            const GemmProblem p = make_gemm_problem(za, zb, c3, epi, tf32);
+            const GemmProblem p = make_gemm_problem(za, zb, c3, lib_epi, tf32);
             gemm(p, za.data_ptr(), zb.data_ptr(), c3.data_ptr(), bias_t.data_ptr(), index, stream);
+            run_act_pass(dt, act_after, c3.data_ptr(), c3.numel(), index, stream);
         }
     } else {
         const Tensor ad = a.to(dt, loc);
@@ -189,7 +195,16 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
             b3 = gemm_view(b.to(dt, loc), sb, nb, k, n);
         }
         const GemmProblem p = make_gemm_problem(a3, b3, cg, epi, tf32);
-        gemm(p, a3.data_ptr(), b3.data_ptr(), cg.data_ptr(), bias ? bias_t.data_ptr() : nullptr, index, stream);
+        const void* bias_ptr = bias ? bias_t.data_ptr() : nullptr;
+        if (small_gemm_takes(p, a3.data_ptr(), b3.data_ptr(), properties(index).arch())) {
+            check_gemm_problem(p);
+            run_small_gemm(p, a3.data_ptr(), b3.data_ptr(), cg.data_ptr(), bias_ptr, index, stream);
+        } else {
+            GemmProblem lp = p;
+            lp.epilogue = lib_epi;
+            gemm(lp, a3.data_ptr(), b3.data_ptr(), cg.data_ptr(), bias_ptr, index, stream);
+            run_act_pass(dt, act_after, cg.data_ptr(), cg.numel(), index, stream);  // cg: contiguous
+        }
     }
     if (out) return *out;
     Shape sc = batch;
