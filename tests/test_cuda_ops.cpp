@@ -359,6 +359,32 @@ TEST_CASE("cuda: products of few rows run on the small kernel and match float64"
     CHECK(rel_err(yt, relu(kiln::matmul(xt.to(DType::f64), lin.weight.cpu().to(DType::f64).t()) + lin.bias.cpu().to(DType::f64))) < 1e-2);
 }
 
+TEST_CASE("cuda: on sm_90 kiln's kernels begin with griddepcontrol.wait and small launches go out for PDL" * doctest::skip(kiln_test::no_cuda())) {
+    const int arch = cuda::properties(0).arch();
+    auto f = compile([](const Tensor& x) { return Tensor(kiln::exp(x) * 2.0 + 1.0); });
+    const Tensor x = randn({1000});
+    CHECK(rel_err(f(cu(x)), Tensor(kiln::exp(x) * 2.0 + 1.0)) < 1e-6);
+    auto& k = cuda::detail::pdl_kernels();
+    const char* env = std::getenv("KILN_CUDA_PDL");
+    const bool off = env && std::string(env) == "0";
+    if (arch < 90 || off) {
+        CHECK(k.fns.empty());
+        MESSAGE("PDL off here (sm_" << arch << std::string(off ? ", KILN_CUDA_PDL=0" : "") << "): nothing is marked");
+        return;
+    }
+    CHECK(!k.fns.empty());
+    const long long half = static_cast<long long>(cuda::properties(0).sm_count) * 1024;
+    CHECK(k.max_threads.load() == half);
+    // the launch right after a library kernel goes out plainly, the next one with the attribute
+    const cuda::CUfunction any = *k.fns.begin();
+    CHECK(cuda::detail::is_pdl(any, 256));
+    CHECK_FALSE(cuda::detail::is_pdl(any, half + 1));
+    const Tensor m = kiln::matmul(cu(randn({64, 64})), cu(randn({64, 64})));
+    CHECK(cuda::detail::library_tail() == cuda::current_stream(0));
+    CHECK(rel_err(f(m.reshape({-1})), Tensor(kiln::exp(m.cpu().reshape({-1})) * 2.0 + 1.0)) < 1e-5);
+    CHECK(cuda::detail::library_tail() == nullptr);
+}
+
 TEST_CASE("cuda: a compiled function with a graph break and views" * doctest::skip(kiln_test::no_cuda())) {
     auto f = compile([](const Tensor& x) {
         Tensor y = Tensor(x * 2).reshape({-1, 4}).t();
