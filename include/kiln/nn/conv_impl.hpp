@@ -89,13 +89,18 @@ inline void im2col_cuda(const Tensor& x, const Window& win, std::int64_t OH, std
     cuda::detail::launch(f, grid, 256, 0, cuda::current_stream(device), a.finish());
 }
 
+/// A max-pool launch's geometry, baked into its kernels (one compile per geometry).
+inline cuda::detail::PoolGeometry pool_geometry(std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t OH, std::int64_t OW, const Window& win) {
+    return {C, H, W, OH, OW, win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw};
+}
+
 /// max_pool2d of x (N, H, W, C; any strides) into y (N, OH, OW, C; contiguous) with one thread per
 /// output element: channels fastest, so a warp reads 32 neighbouring channels of each window
 /// position. NaN wins (as in torch); padding never does (the window holds at least one input).
 inline void max_pool_cuda(const Tensor& x, const Window& win, Tensor& y) {
     const int device = x.device().index;
     const bool i64 = needs_i64(x, y.numel());
-    const cuda::detail::KernelText k = cuda::detail::max_pool_kernel(x.dtype(), i64);
+    const cuda::detail::KernelText k = cuda::detail::max_pool_kernel(x.dtype(), i64, false, pool_geometry(x.size(3), x.size(1), x.size(2), y.size(1), y.size(2), win));
     const cuda::CUfunction f = cuda::detail::kernel_function(k, device);
     cuda::detail::Args a;
     a.add_ptr(x.data_ptr());
@@ -534,9 +539,10 @@ inline Tensor max_pool_backward_cuda(const Tensor& x, const Tensor& g_in, const 
     Tensor at(Shape{N, OH, OW, C}, DType::i32, x.device());
     const bool i64 = needs_i64(x, std::max(dx.numel(), at.numel()));
     const cuda::CUstream stream = cuda::current_stream(device);
+    const cuda::detail::PoolGeometry geom = pool_geometry(C, H, W, OH, OW, win);
     const auto grid = [](std::int64_t n) { return static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1 << 20)); };
     if (at.numel() > 0) {
-        const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_kernel(x.dtype(), i64, true), device);
+        const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_kernel(x.dtype(), i64, true, geom), device);
         cuda::detail::Args a;
         a.add_ptr(x.data_ptr());
         a.add_ptr(at.data_ptr());
@@ -545,7 +551,7 @@ inline Tensor max_pool_backward_cuda(const Tensor& x, const Tensor& g_in, const 
             a.add(v);
         cuda::detail::launch(f, grid(at.numel()), 256, 0, stream, a.finish());
     }
-    const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_backward_kernel(x.dtype(), i64), device);
+    const cuda::CUfunction f = cuda::detail::kernel_function(cuda::detail::max_pool_backward_kernel(x.dtype(), i64, geom), device);
     cuda::detail::Args a;
     a.add_ptr(g.data_ptr());
     a.add_ptr(at.data_ptr());

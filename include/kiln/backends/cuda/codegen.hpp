@@ -576,7 +576,9 @@ inline std::string row_bases(std::size_t nops, int Ro) {
 inline std::string inner_offset(std::size_t k, const std::string& col, int Ri) {
     std::string o = "([&]() { idx_t q_ = " + col + "; idx_t o_ = b_[" + std::to_string(k) + "];";
     for (int d = Ri - 1; d >= 0; --d) {
-        o += " o_ += (q_ % (idx_t)zi" + std::to_string(d) + ") * (idx_t)si" + std::to_string(k) + "_" + std::to_string(d) + ";";
+        // what is left of col at the outermost dim is below its size: no remainder to take
+        const std::string q = d > 0 ? "(q_ % (idx_t)zi" + std::to_string(d) + ")" : "q_";
+        o += " o_ += " + q + " * (idx_t)si" + std::to_string(k) + "_" + std::to_string(d) + ";";
         if (d > 0) o += " q_ /= (idx_t)zi" + std::to_string(d) + ";";
     }
     return o + " return o_; }())";
@@ -748,6 +750,9 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
 /// of 256 threads, `chunks` blocks per row; each block reduces its part of the row; with more
 /// than one chunk the block writes a partial (accumulator type) that a second launch combines, or
 /// (`finish`) the last block of the row to arrive combines, in the same launch.
+/// Positions of a column reduction's row each warp loads before it combines any (ReduceSignature::columns).
+inline constexpr int kColumnUnroll = 16;
+
 struct ReduceSignature {
     int outer_rank = 0, inner_rank = 0;
     std::vector<Access> inner_access;  ///< per leaf
@@ -805,6 +810,11 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     };
     const int GL = sig.lanes;
     const std::string gs = std::to_string(GL);
+    // where chunk ch of row r keeps its partial in column layout: chunk-major when the last block
+    // combines them (a warp's 32 rows in one line), row-major for combine_kernel's second launch
+    const auto column_partial = [&sig](const std::string& ch) {
+        return sig.finish ? ch + " * (idx_t)rows + r" : "r * (idx_t)chunks + " + ch;
+    };
     if (sig.columns) {
         s += "  __shared__ double csm_[256];\n  const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;\n";
         s += "  const idx_t groups_ = ((idx_t)rows + 31) / 32;\n";
@@ -830,21 +840,47 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     s += row_bases(nl, Ro);
     s += "    " + at + " acc = " + (arg ? literal(0, acc) : identity_text(rn.rkind, acc)) + ";\n";
     if (arg) s += "    long long at_ = -1;\n";
-    if (sig.columns) s += "    for (idx_t col = beg_ + warp_; col < end_; col += 8) {\n";
-    else if (GL == 0) s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
-    else s += "    for (idx_t col = beg_ + lane_; col < end_; col += " + gs + ") {\n";
     std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
-    for (std::size_t k = 0; k < nl; ++k) {
-        const DType dt = sig.dtypes[k];
+    const auto offset = [&](std::size_t k) -> std::string {
         const std::string ks = std::to_string(k);
-        std::string off;
         switch (sig.inner_access[k]) {
-            case Access::scalar: off = "b_[" + ks + "]"; break;
-            case Access::contig: off = "b_[" + ks + "] + col"; break;
-            default: off = inner_offset(k, "col", Ri);
+            case Access::scalar: return "b_[" + ks + "]";
+            case Access::contig: return "b_[" + ks + "] + col";
+            default: return inner_offset(k, "col", Ri);
         }
-        s += "      const " + std::string(value_type(dt)) + " x" + ks + " = " + load_conv(dt, "a" + ks + "[" + off + "]") + ";\n";
-        vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;
+    };
+    if (sig.columns) {
+        // kColumnUnroll positions per warp at a time, every load issued before any is used (the
+        // loads in flight, not the arithmetic, bound a column sum); a row's values (broadcast
+        // leaves) loaded once
+        const std::string U = std::to_string(kColumnUnroll);
+        for (std::size_t k = 0; k < nl; ++k) {
+            const std::string ks = std::to_string(k), vt = value_type(sig.dtypes[k]);
+            if (sig.inner_access[k] == Access::scalar) s += "    const " + vt + " x" + ks + " = " + load_conv(sig.dtypes[k], "a" + ks + "[b_[" + ks + "]]") + ";\n";
+        }
+        s += "    for (idx_t c0_ = beg_ + warp_; c0_ < end_; c0_ += 8 * " + U + ") {\n";
+        for (std::size_t k = 0; k < nl; ++k)
+            if (sig.inner_access[k] != Access::scalar) s += "      " + std::string(value_type(sig.dtypes[k])) + " x" + std::to_string(k) + "_[" + U + "];\n";
+        s += "      #pragma unroll\n      for (int u_ = 0; u_ < " + U + "; ++u_) {\n        const idx_t col = c0_ + 8 * u_;\n        if (col < end_) {\n";
+        for (std::size_t k = 0; k < nl; ++k)
+            if (sig.inner_access[k] != Access::scalar)
+                s += "          x" + std::to_string(k) + "_[u_] = " + load_conv(sig.dtypes[k], "a" + std::to_string(k) + "[" + offset(k) + "]") + ";\n";
+        s += "        }\n      }\n";
+        s += "      #pragma unroll\n      for (int u_ = 0; u_ < " + U + "; ++u_) {\n        if (c0_ + 8 * u_ >= end_) break;\n";
+        for (std::size_t k = 0; k < nl; ++k) {
+            const std::string ks = std::to_string(k);
+            if (sig.inner_access[k] != Access::scalar) s += "        const " + std::string(value_type(sig.dtypes[k])) + " x" + ks + " = x" + ks + "_[u_];\n";
+            vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;
+        }
+    } else {
+        if (GL == 0) s += "    for (idx_t col = beg_ + threadIdx.x; col < end_; col += blockDim.x) {\n";
+        else s += "    for (idx_t col = beg_ + lane_; col < end_; col += " + gs + ") {\n";
+        for (std::size_t k = 0; k < nl; ++k) {
+            const DType dt = sig.dtypes[k];
+            const std::string ks = std::to_string(k);
+            s += "      const " + std::string(value_type(dt)) + " x" + ks + " = " + load_conv(dt, "a" + ks + "[" + offset(k) + "]") + ";\n";
+            vals[static_cast<std::size_t>(G.leaves[k])] = "x" + ks;
+        }
     }
     ExprEmitter em{g, vals, G.nodes};
     for (int i : G.nodes)
@@ -857,6 +893,7 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     } else {
         s += "      acc = " + combine_text(rn.rkind, "acc", xv) + ";\n";
     }
+    if (sig.columns) s += "      }\n";
     s += "    }\n";
     if (arg) {
         // (value, index) pairs: NaN wins, then the better value, then the lower index
@@ -882,16 +919,22 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         s += "    ((" + at + "*)csm_)[threadIdx.x] = acc;\n    __syncthreads();\n";
         s += "    if (warp_ == 0) {\n      for (int w = 1; w < 8; ++w) acc = " + combine_text(rn.rkind, "acc", "((" + at + "*)csm_)[w * 32 + lane_]") + ";\n";
         if (sig.partial) {
-            s += "      if (live_) out[r * (idx_t)chunks + ch] = acc;\n";
+            s += "      if (live_) out[" + column_partial("ch") + "] = acc;\n";
         } else {
             s += "      if (live_) out[r] = " + store_conv(rn.dtype, final_value) + ";\n";
         }
         s += "    }\n";
         if (fin) {
             s += arrive("rg_");
+            // the partials of 32 neighbouring rows are neighbours (chunk-major): one line per load,
+            // kColumnUnroll loads in flight per warp, combined in chunk order
+            const std::string U = std::to_string(kColumnUnroll);
             s += "    if (last_) {\n      acc = " + identity_text(rn.rkind, acc) + ";\n";
-            s += "      for (idx_t c = warp_; c < (idx_t)chunks; c += 8) acc = " +
-                 combine_text(rn.rkind, "acc", "((volatile " + at + "*)out)[r * (idx_t)chunks + c]") + ";\n";
+            s += "      for (idx_t c0_ = warp_; c0_ < (idx_t)chunks; c0_ += 8 * " + U + ") {\n        " + at + " p_[" + U + "];\n";
+            s += "        #pragma unroll\n        for (int u_ = 0; u_ < " + U + "; ++u_) { const idx_t c = c0_ + 8 * u_; if (c < (idx_t)chunks) p_[u_] = ((volatile " +
+                 at + "*)out)[" + column_partial("c") + "]; }\n";
+            s += "        #pragma unroll\n        for (int u_ = 0; u_ < " + U + "; ++u_) { if (c0_ + 8 * u_ >= (idx_t)chunks) break; acc = " +
+                 combine_text(rn.rkind, "acc", "p_[u_]") + "; }\n      }\n";
             s += "      ((" + at + "*)csm_)[threadIdx.x] = acc;\n      __syncthreads();\n";
             s += "      if (warp_ == 0) {\n        for (int w = 1; w < 8; ++w) acc = " +
                  combine_text(rn.rkind, "acc", "((" + at + "*)csm_)[w * 32 + lane_]") + ";\n";

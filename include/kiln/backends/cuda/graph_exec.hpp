@@ -831,8 +831,11 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
 /// Zeroed counters (at least n) for split reductions that finish in one launch
 /// (ReduceSignature::finish), one set per device and stream: a launch counts its blocks per row
 /// there and its last block sets each count back to 0, so the launches of a stream, which run one
-/// after another, share them. Null when n is too large, or while the stream is being captured and
-/// it has none yet (the memset that zeroes them must run before they are first used).
+/// after another, share them. Null when n is too large. A stream being captured (kiln captures in
+/// relaxed mode, where allocating is allowed, as the caching allocator does) gets its set too,
+/// zeroed on a stream of its own that is waited for (not a node of the graph: the set must be
+/// zero even if the capture is abandoned). Without this, every split reduction of a CUDA graph
+/// took a second, combining launch.
 inline unsigned* reduce_counters(int device, CUstream s, std::int64_t n) {
     constexpr std::int64_t size = std::int64_t{1} << 14;
     if (n > size) return nullptr;
@@ -841,10 +844,15 @@ inline unsigned* reduce_counters(int device, CUstream s, std::int64_t n) {
     const std::lock_guard lock(mu);
     const auto it = sets.find({device, s});
     if (it != sets.end()) return reinterpret_cast<unsigned*>(it->second);
-    if (capturing(s)) return nullptr;
     CUdeviceptr p = 0;
     detail::check(detail::driver().mem_alloc(&p, static_cast<std::size_t>(size) * sizeof(unsigned)), "cuMemAlloc (reduction counters)");
-    detail::check(detail::driver().memset_d32_async(p, 0, static_cast<std::size_t>(size), s), "cuMemsetD32Async (reduction counters)");
+    if (capturing(s)) {
+        const Stream side(device);
+        detail::check(detail::driver().memset_d32_async(p, 0, static_cast<std::size_t>(size), side.handle()), "cuMemsetD32Async (reduction counters)");
+        side.synchronize();
+    } else {
+        detail::check(detail::driver().memset_d32_async(p, 0, static_cast<std::size_t>(size), s), "cuMemsetD32Async (reduction counters)");
+    }
     sets.emplace(std::pair{device, s}, p);
     return reinterpret_cast<unsigned*>(p);
 }
@@ -899,8 +907,12 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
     sig.columns = cols && unit;
     std::int64_t chunks = 1;
     if (sig.columns) {
+        // about two blocks per SM (8 warps each with kColumnUnroll loads in flight: ~32 KB per SM,
+        // what HBM's latency needs), each chunk at least one round of loads long; fewer chunks
+        // also keep the last block's combine short
         const std::int64_t groups = (lay.rows + 31) / 32;
-        chunks = std::clamp<std::int64_t>((lay.L + 255) / 256, 1, std::max<std::int64_t>(1, 8 * sms / groups));
+        const std::int64_t round = 8 * kColumnUnroll;
+        chunks = std::clamp<std::int64_t>((2 * sms + groups - 1) / groups, 1, std::max<std::int64_t>(1, (lay.L + round - 1) / round));
     } else if (!arg && lay.rows < 2 * sms && lay.L > 8192) {
         chunks = std::min<std::int64_t>((lay.L + 4095) / 4096, (4 * sms + lay.rows - 1) / lay.rows);
     }

@@ -20,7 +20,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/backends/cuda/codegen.hpp"
@@ -74,13 +78,42 @@ inline const char* pool_ctype(DType d) {
     }
 }
 
+/// A max-pool launch's sizes and window. Given to the kernel generators, they are constants of the
+/// kernel's text (its divisions by them become multiplies: the index math, not the memory, bounds
+/// these kernels) and the kernel's name carries them; without, the kernel reads the launch's
+/// parameters.
+struct PoolGeometry {
+    std::int64_t C, H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW;
+};
+
+/// The declarations of C, H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH and DW (type I): constants from
+/// `g`, else the parameters of the same names with a trailing underscore.
+inline std::string pool_sizes(const std::optional<PoolGeometry>& g) {
+    const std::pair<const char*, std::int64_t> v[] = {{"C", g ? g->C : 0},   {"H", g ? g->H : 0},   {"W", g ? g->W : 0},   {"OH", g ? g->OH : 0},
+                                                      {"OW", g ? g->OW : 0}, {"KH", g ? g->KH : 0}, {"KW", g ? g->KW : 0}, {"SH", g ? g->SH : 0},
+                                                      {"SW", g ? g->SW : 0}, {"PH", g ? g->PH : 0}, {"PW", g ? g->PW : 0}, {"DH", g ? g->DH : 0},
+                                                      {"DW", g ? g->DW : 0}};
+    std::string s = "  const I";
+    for (std::size_t i = 0; i < std::size(v); ++i)
+        s += std::string(i ? ", " : " ") + v[i].first + " = (I)" + (g ? std::to_string(v[i].second) : std::string(v[i].first) + "_");
+    return s + ";\n";
+}
+
+/// The part of a max-pool kernel's name that names its baked geometry ("" without one).
+inline std::string pool_suffix(const std::optional<PoolGeometry>& g) {
+    if (!g) return "";
+    const auto n = [](std::int64_t v) { return std::to_string(v); };
+    return "_c" + n(g->C) + "h" + n(g->H) + "w" + n(g->W) + "o" + n(g->OH) + "x" + n(g->OW) + "k" + n(g->KH) + "x" + n(g->KW) + "s" +
+           n(g->SH) + "x" + n(g->SW) + "p" + n(g->PH) + "x" + n(g->PW) + "d" + n(g->DH) + "x" + n(g->DW);
+}
+
 /// max_pool2d of x (N, H, W, C; any strides) into y (N, OH, OW, C; contiguous), one thread per
 /// output element, channels fastest: a larger value or a NaN replaces the kept one, so ties keep
 /// the first maximum. dtype: one pool_ctype takes. i64: 64-bit index math. `positions` (f32, f64;
 /// max_pool2d's backward, first pass): instead of the maximum, the position a * KW + b in its
 /// window of the element taken, as int32 into `at` (a window of lowest values keeps its first
 /// position inside the input).
-inline KernelText max_pool_kernel(DType dtype, bool i64, bool positions = false) {
+inline KernelText max_pool_kernel(DType dtype, bool i64, bool positions = false, const std::optional<PoolGeometry>& geom = std::nullopt) {
     const char* T = pool_ctype(dtype);
     const char* I = i64 ? "long long" : "int";
     const std::string lowest = dtype == DType::f32   ? "__int_as_float(0xff800000)"
@@ -88,15 +121,14 @@ inline KernelText max_pool_kernel(DType dtype, bool i64, bool positions = false)
                                : dtype == DType::i32 ? "(-2147483647 - 1)"
                                                          : "(-9223372036854775807LL - 1)";
     KernelText k;
-    k.name = std::string(positions ? "kiln_max_pool_argmax_" : "kiln_max_pool_") + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
+    k.name = std::string(positions ? "kiln_max_pool_argmax_" : "kiln_max_pool_") + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32") +
+             pool_suffix(geom);
     k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
                "(const T* __restrict__ x, " + (positions ? "int* __restrict__ at" : "T* __restrict__ y") +
                ", long long total_, long long C_, long long H_, long long W_, "
                "long long sN_, long long sH_, long long sW_, long long sC_, long long OH_, long long OW_, long long KH_, long long KW_, "
                "long long SH_, long long SW_, long long PH_, long long PW_, long long DH_, long long DW_) {\n"
-               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n"
-               "  const I OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_, SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_;\n"
-               "  const I DH = (I)DH_, DW = (I)DW_;\n"
+               "  const I total = (I)total_, sN = (I)sN_, sH = (I)sH_, sW = (I)sW_, sC = (I)sC_;\n" + pool_sizes(geom) +
                "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
                "    const I c = i % C, r = i / C, ow = r % OW, r2 = r / OW, oh = r2 % OH, n = r2 / OH;\n"
                "    const T* base = x + n * sN + c * sC;\n"
@@ -118,17 +150,16 @@ inline KernelText max_pool_kernel(DType dtype, bool i64, bool positions = false)
 /// max_pool2d's backward, second pass: dx (N, H, W, C; contiguous) where each element sums the
 /// gradients g (N, OH, OW, C; contiguous) of the windows whose taken position (`at`, from
 /// max_pool_kernel with positions) it is. One thread per element, no atomics. dtype f32 or f64.
-inline KernelText max_pool_backward_kernel(DType dtype, bool i64) {
+inline KernelText max_pool_backward_kernel(DType dtype, bool i64, const std::optional<PoolGeometry>& geom = std::nullopt) {
     const char* T = dtype == DType::f64 ? "double" : "float";
     const char* I = i64 ? "long long" : "int";
     KernelText k;
-    k.name = "kiln_max_pool_backward_" + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32");
+    k.name = "kiln_max_pool_backward_" + std::string(dtype_name(dtype)) + (i64 ? "_i64" : "_i32") + pool_suffix(geom);
     k.source = std::string("typedef ") + I + " I;\ntypedef " + T + " T;\nextern \"C\" __global__ void " + k.name +
                "(const T* __restrict__ g, const int* __restrict__ at, T* __restrict__ dx, long long total_, long long C_, long long H_, "
                "long long W_, long long OH_, long long OW_, long long KH_, long long KW_, long long SH_, long long SW_, long long PH_, "
                "long long PW_, long long DH_, long long DW_) {\n"
-               "  const I total = (I)total_, C = (I)C_, H = (I)H_, W = (I)W_, OH = (I)OH_, OW = (I)OW_, KH = (I)KH_, KW = (I)KW_;\n"
-               "  const I SH = (I)SH_, SW = (I)SW_, PH = (I)PH_, PW = (I)PW_, DH = (I)DH_, DW = (I)DW_;\n"
+               "  const I total = (I)total_;\n" + pool_sizes(geom) +
                "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {\n"
                "    const I c = i % C, r = i / C, w = r % W, r2 = r / W, h = r2 % H, n = r2 / H;\n"
                "    T acc = 0;\n"
@@ -576,6 +607,10 @@ inline std::vector<KernelText> library_kernel_sources() {
             out.push_back(col2im_kernel(d, i64));
             out.push_back(max_pool_kernel(d, i64, true));
             out.push_back(max_pool_backward_kernel(d, i64));
+            // as launched: ResNet's stem pool, its sizes baked in
+            const PoolGeometry stem{64, 112, 112, 56, 56, 3, 3, 2, 2, 1, 1, 1, 1};
+            out.push_back(max_pool_kernel(d, i64, true, stem));
+            out.push_back(max_pool_backward_kernel(d, i64, stem));
         }
     out.push_back(dropout_mask_kernel());
     out.push_back(rng_advance_kernel());
