@@ -4,9 +4,7 @@
 
 #include <bit>
 #include <cstdint>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include "kiln/backends/cuda/graph_exec.hpp"
 #include "kiln/backends/cuda/library_kernels.hpp"
@@ -71,16 +69,8 @@ inline Tensor run_attention(AttentionSignature s, const Tensor& q, const Tensor&
     }
     const std::int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2);
     Tensor out(Shape{B, Sq, H, q.size(3)}, q.dtype(), q.device());
-    CUfunction f = nullptr;
-    {  // by signature: the kernel's text is made once
-        static std::mutex mu;
-        static std::unordered_map<std::string, CUfunction> made;
-        const std::string key = std::to_string(device) + "/" + s.key();
-        std::lock_guard lock(mu);
-        CUfunction& slot = made[key];
-        if (!slot) slot = kernel_function(attention_kernel(s), device);
-        f = slot;
-    }
+    // by signature: the kernel's text is made once
+    const CUfunction f = named_function(attention_kernel_name(s), device, [&s](const std::string&) { return attention_kernel(s).source; });
     Args a;
     a.add_ptr(q.data_ptr());
     a.add_ptr(k.data_ptr());

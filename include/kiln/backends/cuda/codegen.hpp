@@ -746,13 +746,13 @@ inline KernelText row_kernel(const ir::Graph& g, const fuse::Group& G, const std
 }
 
 // ------------------------------------------------------------------ reduce family
+/// Positions of a column reduction's row each warp loads before it combines any (ReduceSignature::columns).
+inline constexpr int kColumnUnroll = 16;
+
 /// A reduction (or arg-reduction) with its elementwise prologue over rows of any length: blocks
 /// of 256 threads, `chunks` blocks per row; each block reduces its part of the row; with more
 /// than one chunk the block writes a partial (accumulator type) that a second launch combines, or
 /// (`finish`) the last block of the row to arrive combines, in the same launch.
-/// Positions of a column reduction's row each warp loads before it combines any (ReduceSignature::columns).
-inline constexpr int kColumnUnroll = 16;
-
 struct ReduceSignature {
     int outer_rank = 0, inner_rank = 0;
     std::vector<Access> inner_access;  ///< per leaf
@@ -854,10 +854,10 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         // loads in flight, not the arithmetic, bound a column sum); a row's values (broadcast
         // leaves) loaded once
         const std::string U = std::to_string(kColumnUnroll);
-        for (std::size_t k = 0; k < nl; ++k) {
-            const std::string ks = std::to_string(k), vt = value_type(sig.dtypes[k]);
-            if (sig.inner_access[k] == Access::scalar) s += "    const " + vt + " x" + ks + " = " + load_conv(sig.dtypes[k], "a" + ks + "[b_[" + ks + "]]") + ";\n";
-        }
+        for (std::size_t k = 0; k < nl; ++k)
+            if (sig.inner_access[k] == Access::scalar)
+                s += "    const " + std::string(value_type(sig.dtypes[k])) + " x" + std::to_string(k) + " = " +
+                     load_conv(sig.dtypes[k], "a" + std::to_string(k) + "[" + offset(k) + "]") + ";\n";
         s += "    for (idx_t c0_ = beg_ + warp_; c0_ < end_; c0_ += 8 * " + U + ") {\n";
         for (std::size_t k = 0; k < nl; ++k)
             if (sig.inner_access[k] != Access::scalar) s += "      " + std::string(value_type(sig.dtypes[k])) + " x" + std::to_string(k) + "_[" + U + "];\n";

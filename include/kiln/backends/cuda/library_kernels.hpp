@@ -288,6 +288,9 @@ struct AttentionSignature {
     }
 };
 
+/// The attention kernel's name for a signature (its text is made only when a device has not loaded it).
+inline std::string attention_kernel_name(const AttentionSignature& s) { return "kiln_attention_" + s.key(); }
+
 /// Attention for q (B, H, Sq, D), k and v (B, H, Sk, D), any strides (in elements, parameters), an
 /// optional mask read at (b, h, i, j) through four strides (0 where it broadcasts), into out (B, Sq,
 /// H, D) contiguous: out = softmax(q k^T * scale [+ mask | where mask]) v, scores and the softmax in
@@ -299,7 +302,7 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
     const char* T = half ? "unsigned short" : "float";
     const int D = s.head_dim;
     KernelText k;
-    k.name = "kiln_attention_" + s.key();
+    k.name = attention_kernel_name(s);
     std::string src = "typedef " + std::string(T) + " T;\n";
     // the mask's element: bool bytes, or an additive mask's f32 / f16 / bf16 bits
     src += std::string("typedef ") + (s.mask != 2 ? "unsigned char" : s.mask_dtype == DType::f32 ? "float" : "unsigned short") + " M;\n";
@@ -311,16 +314,12 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
         else f += "return (float)x; }\n";
         return f;
     };
-    src += ld_fn(s.dtype, "ld", T);
     if (s.mask == 2) src += ld_fn(s.mask_dtype, "ldm", "M");
-    if (s.dtype == DType::bf16)
-        src += "__device__ __forceinline__ T st(float x) { unsigned short r; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(r) : \"f\"(x)); return r; }\n"
-               "__device__ __forceinline__ unsigned pack2(float lo, float hi) { unsigned r; asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }\n";
-    else if (s.dtype == DType::f16)
-        src += "__device__ __forceinline__ T st(float x) { unsigned short r; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(r) : \"f\"(x)); return r; }\n"
-               "__device__ __forceinline__ unsigned pack2(float lo, float hi) { unsigned r; asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }\n";
+    if (s.dtype == DType::bf16 || s.dtype == DType::f16)  // ld and st as the small GEMM's, and two values packed
+        src += half_conversions(s.dtype) + "__device__ __forceinline__ unsigned pack2(float lo, float hi) { unsigned r; asm(\"cvt.rn." +
+               (s.dtype == DType::bf16 ? "bf16x2" : "f16x2") + ".f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }\n";
     else
-        src += "__device__ __forceinline__ T st(float x) { return x; }\n";
+        src += ld_fn(s.dtype, "ld", T) + "__device__ __forceinline__ T st(float x) { return x; }\n";
     // the mask's term of one (row, key) (0 or -inf for a bool mask), read at clamped indices without
     // a branch: the loads of a tile are issued together, before the products that need them
     const std::string mask_term =

@@ -114,13 +114,9 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
     // what cuBLASLt applies: the exact gelu comes after it, in a pass (or in the small kernel)
     const Epilogue lib_epi{epi.act == Act::gelu ? Act::none : epi.act, epi.bias};
     const Act act_after = epi.act == Act::gelu ? epi.act : Act::none;
-    if (!act_info(epi.act).gemm_epilogue) {
-        std::string has;
-        for (const ActInfo& r : act_table)
-            if (r.gemm_epilogue && r.act != Act::none) has += (has.empty() ? "" : ", ") + std::string(r.name);
-        fail<ValueError>("matmul", "no " + std::string(act_name(epi.act)) + " epilogue (there are " + has +
-                                       "; apply the activation to the product instead)", loc);
-    }
+    static_assert(std::all_of(act_table.begin(), act_table.end(), [](const ActInfo& r) { return r.gemm_epilogue; }),
+                  "every table activation is a CUDA GEMM epilogue here (cuBLASLt's, the small kernel's or act_pass); "
+                  "a row that is not needs a refusal in cuda::matmul");
     if (epilogue_has_bias(epi) && !bias)
         fail<ValueError>("matmul", "epilogue " + epilogue_name(epi) + " needs a bias tensor", loc);
     if (bias && !epilogue_has_bias(epi))
