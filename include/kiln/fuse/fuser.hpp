@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <optional>
 #include <string>
 #include <vector>
@@ -614,7 +615,7 @@ inline std::vector<int> exact_gelu_nodes(const ir::Graph& g, int u, const std::v
         if (!is_op(x, mul)) return {};
         const double v = scalar_with(x, u);
         if (near(v, 0.5)) half = x;
-        else if (near(v, 0.7071067811865476)) scaled = x;
+        else if (near(v, 1.0 / std::numbers::sqrt2)) scaled = x;  // as ops/composites.hpp's gelu writes it
     }
     if (half < 0 || scaled < 0) return {};
     const int e = only(scaled);
