@@ -591,12 +591,19 @@ TEST_CASE("compiled gradients equal eager gradients on random programs (float64,
             return std::tuple<Tensor, Tensor, Tensor, Tensor>{loss.detach(), g[0], g[1], g[2]};
         };
         const auto [le, ge0, ge1, ge2] = grads(x, b, c);
-        auto compiled = compile(grads, {.fullgraph = true});
-        const auto [lc, gc0, gc1, gc2] = compiled(x, b, c);
-        CHECK(maxdiff(lc, le) < 1e-9);
-        CHECK(maxdiff(gc0, ge0) < 1e-9);
-        CHECK(maxdiff(gc1, ge1) < 1e-9);
-        CHECK(maxdiff(gc2, ge2) < 1e-9);
+        for (bool cuda_like : {false, true}) {  // also with CUDA's fusion limits, on the CPU (as in the ResNet-18 test)
+            CAPTURE(cuda_like);
+            Options opt;
+            opt.fullgraph = true;
+            opt.limits.column_rows = !cuda_like;
+            opt.limits.merge_reductions = opt.limits.recompute = cuda_like;
+            auto compiled = compile(grads, opt);
+            const auto [lc, gc0, gc1, gc2] = compiled(x, b, c);
+            CHECK(maxdiff(lc, le) < 1e-9);
+            CHECK(maxdiff(gc0, ge0) < 1e-9);
+            CHECK(maxdiff(gc1, ge1) < 1e-9);
+            CHECK(maxdiff(gc2, ge2) < 1e-9);
+        }
     }
 }
 
@@ -752,7 +759,18 @@ TEST_CASE("conv2d and max_pool2d gradients match finite differences") {
     gradcheck("adaptive_avg_pool2d", [&](const auto& v) { return nn::adaptive_avg_pool2d(v[0], 2, 1); }, {uniform({1, 2, 4, 3}, -1, 1)});
 }
 
-TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one, BatchNorm in training mode") {
+namespace {
+/// ResNet-18's compiled training step against eager; `cuda_like`: with CUDA's fusion limits, on
+/// the CPU (column sums as reduce groups, sibling reductions joined: one group computing
+/// BatchNorm's two gradient sums; producers recomputed).
+void resnet18_trains(bool cuda_like) {
+    CAPTURE(cuda_like);
+    Options opt;
+    opt.fullgraph = true;
+    if (cuda_like) {
+        opt.limits.column_rows = false;
+        opt.limits.merge_reductions = opt.limits.recompute = true;
+    }
     manual_seed(21);
     nn::ResNet18 eager_m(10), comp_m(10);
     copy_weights(eager_m, comp_m);
@@ -766,7 +784,7 @@ TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one,
     auto step = [](nn::ResNet18& m, nn::Optimizer& o, const Tensor& x, const Tensor& y) {
         return train_step(o, [&] { return nn::cross_entropy(m(x), y); });
     };
-    auto compiled = compile([&](const Tensor& x, const Tensor& y) { return step(comp_m, co, x, y); }, {.fullgraph = true});
+    auto compiled = compile([&](const Tensor& x, const Tensor& y) { return step(comp_m, co, x, y); }, opt);
     manual_seed(22);
     const Tensor x = randn({4, 3, 32, 32}), y = Tensor(randint(0, 10, {4}));
     float first = 0, last = 0;
@@ -780,11 +798,20 @@ TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one,
     }
     CHECK(last < first);  // the same batch four times: the loss falls
     CHECK(compiled.compiles() == 1);
+    const std::string what = std::string("resnet18 training step on the CPU") + (cuda_like ? " with CUDA's fusion limits: " : ": ") +
+                             std::to_string(compiled.kernels()) + " kernels";
+    MESSAGE(what);
     const auto pe = nn::state_dict(eager_m), pc = nn::state_dict(comp_m);
     for (const std::string name : {"conv1.weight", "bn1.running_mean", "layer4.1.bn2.running_var", "fc.weight", "fc.bias"}) {
         CAPTURE(name);
         CHECK(maxdiff(pc.at(name), pe.at(name)) < 2e-3 * std::max(1.0, maxdiff(pe.at(name), zeros(pe.at(name).shape()))));
     }
+}
+}  // namespace
+
+TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one, BatchNorm in training mode") {
+    SUBCASE("the CPU's fusion limits") { resnet18_trains(false); }
+    SUBCASE("CUDA's fusion limits") { resnet18_trains(true); }
 }
 TEST_CASE("a compiled program reads a parameter's current value, also through a copy or a parameter-only expression") {
     // a parameter (requires grad) is live memory for a trace: work on it alone is recorded, not

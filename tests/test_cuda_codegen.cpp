@@ -122,10 +122,12 @@ std::vector<cache::KernelSource> sources_for(const ir::Graph& g, const fuse::Pla
                     one.finish = true;
                     add(cuda::detail::reduce_kernel(g, G, one));
                 }
-                const ir::Node& r = g[G.outputs[0]];
-                if (sig.partial)
-                    add(cuda::detail::combine_kernel(r.rkind, compute_dtype(r.dtype) == DType::boolean ? DType::f32 : compute_dtype(r.dtype),
-                                                     r.dtype, r.correction));
+                for (int o : G.outputs) {  // each output's partials combined by a second launch
+                    const ir::Node& r = g[o];
+                    if (sig.partial)
+                        add(cuda::detail::combine_kernel(r.rkind, compute_dtype(r.dtype) == DType::boolean ? DType::f32 : compute_dtype(r.dtype),
+                                                         r.dtype, r.correction));
+                }
             }
         }
     }
@@ -300,6 +302,35 @@ TEST_CASE("reduce kernels: every reduction and arg-reduction over every dtype, w
         auto s = sources_for(opt, plan);
         src.insert(src.end(), s.begin(), s.end());
     }
+    CHECK(compile_all(src) == src.size());
+}
+
+TEST_CASE("reduce kernels with several outputs (CUDA's limits: sibling reductions joined, producers recomputed) compile in every float dtype") {
+    TempCache tc;
+    std::vector<cache::KernelSource> src;
+    fuse::Limits lim;
+    lim.column_rows = false;
+    lim.merge_reductions = lim.recompute = true;
+    int multi = 0;
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+        trace::Tracer tr(nullptr, true);
+        trace::ActiveScope scope(&tr);
+        // BatchNorm's backward over channels-last values, and sums of other kinds over the same rows
+        const Tensor dy = tr.input(zeros({4, 6, 6, 8}, dt)), y = tr.input(zeros({4, 6, 6, 8}, dt)), x = tr.input(zeros({4, 6, 6, 8}, dt));
+        const Tensor mu = tr.input(zeros({8}, dt)), var = tr.input(zeros({8}, dt));
+        const Tensor gr = Tensor(kiln::where(y > 0, dy, 0.0)), xhat = Tensor((x - mu) * kiln::rsqrt(var + 1e-5));
+        std::vector<Tensor> outs{sum(gr, {0, 1, 2}), sum(Tensor(gr * xhat), {0, 1, 2}), Tensor(gr - xhat * 0.5)};
+        outs.push_back(max(Tensor(kiln::abs(x)), {0, 1, 2}));
+        outs.push_back(kiln::var(x, {0, 1, 2}));  // a mean with a correction, after the mean it reads
+        ir::Graph g = tr.graph();
+        for (const Tensor& o : outs) g.outputs.push_back(tr.node_of(o));
+        ir::Graph opt = passes::run_pipeline(g, {});
+        const fuse::Plan plan = fuse::plan(opt, lim);
+        for (const auto& G : plan.groups) multi += G.kind == fuse::Group::Kind::reduce && G.outputs.size() > 1 ? 1 : 0;
+        auto s = sources_for(opt, plan);
+        src.insert(src.end(), s.begin(), s.end());
+    }
+    CHECK(multi >= 4);
     CHECK(compile_all(src) == src.size());
 }
 

@@ -206,6 +206,72 @@ TEST_CASE("cuda: column reductions over channel counts and lengths around the ke
     }
 }
 
+TEST_CASE("cuda: sibling reductions in one kernel and recomputed producers (BatchNorm's backward; sums of one long row) match float64 "
+          "(compiled, reduce_overhead)" * doctest::skip(kiln_test::no_cuda())) {
+    // BatchNorm's backward over channels-last values, as batch_norm_train's rule writes it behind a
+    // relu: the two column sums are one kernel (one output each), the relu's gradient and x-hat are
+    // recomputed in it and in dx's kernel; channel counts with a partial warp group, lengths that
+    // split into chunks finished by the last block, bf16 operands
+    auto bn_backward = [](const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& mu, const Tensor& var, const Tensor& w) {
+        const double n = static_cast<double>(x.numel() / x.size(-1));
+        const Tensor g = Tensor(kiln::where(y > 0, dy, 0.0));
+        const Tensor db = sum(g, {0, 1, 2});
+        const Tensor dw = sum(Tensor(g * ((x - mu) * rsqrt(var + 1e-5))), {0, 1, 2});
+        const Tensor dx((g - db / n - (x - mu) * rsqrt(var + 1e-5) * (dw / n)) * (rsqrt(var + 1e-5) * w));
+        return std::make_tuple(dx, dw, db);
+    };
+    for (const auto& [shape, dt] : std::vector<std::pair<Shape, DType>>{
+             {{2, 7, 7, 64}, DType::f32}, {{3, 5, 5, 40}, DType::f32}, {{16, 28, 28, 64}, DType::f32}, {{4, 14, 14, 257}, DType::bf16}}) {
+        CAPTURE(shape);
+        CAPTURE(dt);
+        const std::int64_t C = shape[3];
+        const Tensor dy = randn(shape).to(dt), y = randn(shape).to(dt), x = randn(shape).to(dt);
+        const Tensor mu = Tensor(randn({C}) * 0.1), var = Tensor(kiln::abs(randn({C})) + 0.5), w = randn({C});
+        auto f64 = [](const Tensor& t) { return t.to(DType::f64); };
+        const auto [rdx, rdw, rdb] = bn_backward(f64(dy), f64(y), f64(x), f64(mu), f64(var), f64(w));
+        const double tol = dt == DType::f32 ? 1e-4 : 1e-2;  // (bf16: the ops compute in f32; dx is stored in bf16)
+        for (Mode mode : {Mode::normal, Mode::reduce_overhead}) {
+            CAPTURE(mode);
+            Options o;
+            o.mode = mode;
+            auto f = compile(bn_backward, o);
+            for (int rep = 0; rep < 2; ++rep) {
+                const auto [dx, dw, db] = f(cu(dy), cu(y), cu(x), cu(mu), cu(var), cu(w));
+                CHECK(rel_err(db, rdb) < tol);
+                CHECK(rel_err(dw, rdw) < tol);
+                CHECK(rel_err(dx, rdx) < tol);
+            }
+            if (mode == Mode::normal) CHECK(f.kernels() <= 3);  // the sums, dx (and the per-channel factor, unless recomputed)
+        }
+    }
+    // several reductions of one long row (split over blocks, the last block finishing each), and of a
+    // few long rows: sum, sum of squares, max of |x|, a mean with a correction
+    for (const Shape& shape : std::vector<Shape>{{3000001}, {5, 200003}}) {
+        CAPTURE(shape);
+        const Tensor x = Tensor(randn(shape) + 0.5), x64 = x.to(DType::f64);
+        const int axis = shape.rank() - 1;
+        auto stats = [axis](const Tensor& v) {
+            return std::make_tuple(sum(v, {axis}), sum(Tensor(v * v), {axis}), kiln::max(Tensor(kiln::abs(v)), {axis}),
+                                   mean(Tensor(v * 2.0), {axis}));
+        };
+        const auto [s, q, m, a] = stats(x64);
+        for (Mode mode : {Mode::normal, Mode::reduce_overhead}) {
+            CAPTURE(mode);
+            Options o;
+            o.mode = mode;
+            auto f = compile(stats, o);
+            for (int rep = 0; rep < 2; ++rep) {
+                const auto [fs, fq, fm, fa] = f(cu(x));
+                CHECK(rel_err(fs, s) < 1e-5);
+                CHECK(rel_err(fq, q) < 1e-5);
+                CHECK(rel_err(fm, m) < 1e-6);
+                CHECK(rel_err(fa, a) < 1e-5);
+            }
+            if (mode == Mode::normal) CHECK(f.kernels() == 1);  // (at most 4 reductions per kernel)
+        }
+    }
+}
+
 TEST_CASE("cuda: softmax, log_softmax, layer_norm and logsumexp rows" * doctest::skip(kiln_test::no_cuda())) {
     for (std::int64_t L : {1, 7, 64, 1000, 4096, 5000}) {
         INFO("row length " << L);

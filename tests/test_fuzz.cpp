@@ -1411,6 +1411,9 @@ Verdict check_call(const Program& p, int k, const RefState& ref, const std::vect
 
 struct Env {
     kiln::Device dev = kiln::Device::cpu();
+    /// KILN_FUZZ_LIMITS=cuda: compile with CUDA's fusion limits on the CPU (column sums as reduce
+    /// groups, sibling reductions joined, producers recomputed: CudaBackend::adjust_limits)
+    bool cuda_limits = false;
 };
 
 /// Fresh inputs of call k: the base tensors and the arguments (views of them).
@@ -1437,6 +1440,11 @@ Verdict run_check(const Program& p, const std::vector<RefState>& refs, bool eage
         std::vector<Tensor> o = run_program(p, xs, Mat{false});
         return std::make_tuple(o.at(0), o.at(1));
     };
+    kiln::Options opt;
+    if (env.cuda_limits) {
+        opt.limits.column_rows = false;
+        opt.limits.merge_reductions = opt.limits.recompute = true;
+    }
     std::optional<decltype(kiln::compile(body))> f;
     std::optional<decltype(kiln::compile(body2))> f2;
     for (int k = 0; k < p.calls(); ++k) {
@@ -1447,11 +1455,11 @@ Verdict run_check(const Program& p, const std::vector<RefState>& refs, bool eage
             if (eager) {
                 outs = run_program(p, args, Mat{true});
             } else if (p.tuple_result) {
-                if (!f2) f2.emplace(kiln::compile(body2));
+                if (!f2) f2.emplace(kiln::compile(body2, opt));
                 auto [a, b] = (*f2)(args);
                 outs = {a, b};
             } else {
-                if (!f) f.emplace(kiln::compile(body));
+                if (!f) f.emplace(kiln::compile(body, opt));
                 outs = (*f)(args);
             }
             v = check_call(p, k, refs[static_cast<std::size_t>(k)], outs, bases, who);
@@ -2834,6 +2842,7 @@ TEST_CASE("fuzz: random programs (reductions then reshaped work, strided/0-d/int
         }
         env.dev = kiln::Device::cuda();
     }
+    if (const char* lim = std::getenv("KILN_FUZZ_LIMITS")) env.cuda_limits = std::string(lim) == "cuda";
     const int only = env_int("KILN_FUZZ_SEED", -1);
     const int graphs = only >= 0 ? 1 : env_int("KILN_FUZZ_GRAPHS", 2000);
     const int seed0 = only >= 0 ? only : env_int("KILN_FUZZ_SEED0", 0);
@@ -2889,7 +2898,7 @@ TEST_CASE("fuzz: random programs (reductions then reshaped work, strided/0-d/int
     // each failure class with its first few programs shrunk; distinct shrunk programs shown once
     std::ostringstream summary;
     summary << programs << " programs (seeds " << seed0 << ".." << seed0 + graphs - 1 << ", " << steps_total << " steps, "
-            << (cuda ? "cuda" : "cpu") << (fork_mode ? ", kiln in child processes" : "") << ") in " << secs
+            << (cuda ? "cuda" : "cpu") << (env.cuda_limits ? ", CUDA's fusion limits" : "") << (fork_mode ? ", kiln in child processes" : "") << ") in " << secs
             << " s; compile: " << mismatches << " wrong results, " << internal_errors << " InternalError, " << errors
             << " other errors, " << crashes << " crashes/hangs; eager: " << eager_mismatches << " wrong results, "
             << eager_errors << " errors, " << eager_crashes << " crashes/hangs\n";

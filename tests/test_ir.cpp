@@ -94,6 +94,21 @@ std::string verify_error(const ir::Graph& g) {
     return "";
 }
 
+/// The plan, one group per line (a failing check's context).
+std::string plan_text(const ir::Graph& g, const kiln::fuse::Plan& p) {
+    std::string s = ir::to_string(g);
+    for (const auto& G : p.groups) {
+        s += kiln::fuse::group_kind_name(G.kind) + std::string(" {");
+        for (int j : G.nodes) s += " %" + std::to_string(j);
+        s += " } ->";
+        for (int j : G.outputs) s += " %" + std::to_string(j);
+        s += " reads";
+        for (int j : G.leaves) s += " %" + std::to_string(j);
+        s += "\n";
+    }
+    return s;
+}
+
 }  // namespace
 
 TEST_CASE("ir::verify accepts a well-formed graph and names each broken invariant") {
@@ -478,4 +493,80 @@ TEST_CASE("fuser: each write of a chain into views of one captured tensor stores
     CHECK(out[0].is_same(memory));  // the result is the memory itself, written in place
     const std::vector<double> want{1, 4, 9, 2, 4, 6};
     for (int i = 0; i < 6; ++i) CHECK(memory.item<double>(i) == want[static_cast<std::size_t>(i)]);
+}
+
+TEST_CASE("fuser (CUDA's limits): BatchNorm's backward is two kernels, both column sums in one, the relu's gradient and x-hat recomputed") {
+    // batch_norm_train's backward (nn/conv_impl.hpp) behind a relu, over channels-last values
+    const std::int64_t N = 2, H = 3, W = 5, C = 4;
+    const Tensor dy = kiln::randn({N, H, W, C}), y = kiln::randn({N, H, W, C}), x = kiln::randn({N, H, W, C});
+    const Tensor mu = kiln::randn({C}), var = Tensor(kiln::abs(kiln::randn({C})) + 0.5), w = kiln::randn({C});
+    kiln::trace::Tracer tr(nullptr, true);
+    ir::Graph g;
+    {
+        kiln::trace::ActiveScope scope(&tr);
+        const Tensor tdy = tr.input(dy), ty = tr.input(y), tx = tr.input(x), tmu = tr.input(mu), tvar = tr.input(var), tw = tr.input(w);
+        const double n = static_cast<double>(N * H * W);
+        const Tensor gr = Tensor(kiln::where(ty > 0, tdy, 0.0));
+        const Tensor db = kiln::sum(gr, {0, 1, 2});
+        const Tensor dw = kiln::sum(Tensor(gr * ((tx - tmu) * kiln::rsqrt(tvar + 1e-5))), {0, 1, 2});
+        const Tensor dx((gr - db / n - (tx - tmu) * kiln::rsqrt(tvar + 1e-5) * (dw / n)) * (kiln::rsqrt(tvar + 1e-5) * tw));
+        g = tr.graph();
+        g.outputs = {tr.node_of(dx), tr.node_of(dw), tr.node_of(db)};
+    }
+    const ir::Graph opt = kiln::passes::run_pipeline(g, {});
+    kiln::fuse::Limits cuda_like;
+    cuda_like.column_rows = false;
+    const kiln::fuse::Plan before = kiln::fuse::plan(opt, cuda_like);
+    cuda_like.merge_reductions = cuda_like.recompute = true;
+    const kiln::fuse::Plan after = kiln::fuse::plan(opt, cuda_like);
+    INFO(plan_text(opt, before), plan_text(opt, after));
+    CHECK(before.kernels() == 6);  // g, sum(g), rsqrt(var + eps), x-hat, sum(g * x-hat), dx
+    REQUIRE(after.kernels() == 2);
+    int reduce_outputs = 0;
+    for (const auto& G : after.groups)
+        if (G.kind == kiln::fuse::Group::Kind::reduce) reduce_outputs += static_cast<int>(G.outputs.size());
+    CHECK(reduce_outputs == 2);
+    // the values: both plans on the CPU's executor (which runs a reduce group's outputs one by one)
+    const std::vector<Tensor> in{dy, y, x, mu, var, w};
+    const std::vector<Tensor> want = kiln::detail::CpuGraphProgram(opt, before).run(in);
+    const std::vector<Tensor> got = kiln::detail::CpuGraphProgram(opt, after).run(in);
+    REQUIRE(got.size() == 3);
+    for (std::size_t k = 0; k < 3; ++k) CHECK(kiln_test::maxdiff(got[k], want[k]) < 1e-5);
+}
+
+TEST_CASE("fuser: recomputation stays out where it would read more, and sibling reductions that read each other stay apart") {
+    // v of four operands read by three kernels that cannot join (sums over different axes, an
+    // elementwise value): recomputing it in each would read 12 tensors where storing it reads and
+    // writes 8; var = mean((a - mean(a))^2) reads the mean, while sum(v * 2) and mean(a) join
+    const Tensor a = kiln::randn({64, 8}), b = kiln::randn({64, 8}), c = kiln::randn({64, 8}), d = kiln::randn({64, 8});
+    kiln::trace::Tracer tr(nullptr, true);
+    ir::Graph g;
+    int v = -1, s1 = -1, m = -1, var = -1;
+    {
+        kiln::trace::ActiveScope scope(&tr);
+        const Tensor ta = tr.input(a), tb = tr.input(b), tc = tr.input(c), td = tr.input(d);
+        const Tensor tv = Tensor(ta * tb + tc * td);
+        const Tensor ts1 = kiln::sum(Tensor(tv * 2.0), {0}), ts2 = kiln::sum(Tensor(kiln::exp(tv)), {1});
+        const Tensor tm = kiln::mean(ta, {0}), tvar = kiln::mean(Tensor(kiln::square(ta - tm)), {0});
+        const Tensor te = Tensor(tv + 1.0);
+        g = tr.graph();
+        g.outputs = {tr.node_of(ts1), tr.node_of(ts2), tr.node_of(te), tr.node_of(tvar)};
+        v = tr.node_of(tv);
+        s1 = tr.node_of(ts1);
+        m = tr.node_of(tm);
+        var = tr.node_of(tvar);
+    }
+    const ir::Graph& opt = g;  // (as traced: the node ids stay)
+    kiln::fuse::Limits lim;
+    lim.column_rows = false;
+    lim.merge_reductions = lim.recompute = true;
+    const kiln::fuse::Plan p = kiln::fuse::plan(opt, lim);
+    INFO(plan_text(opt, p));
+    const auto group = [&](int node) { return p.group_of[static_cast<std::size_t>(node)]; };
+    CHECK(p.materialized[static_cast<std::size_t>(v)]);
+    CHECK(group(s1) == group(m));
+    CHECK(group(m) != group(var));
+    const std::vector<Tensor> want = kiln::detail::CpuGraphProgram(opt, kiln::fuse::plan(opt)).run({a, b, c, d});
+    const std::vector<Tensor> got = kiln::detail::CpuGraphProgram(opt, p).run({a, b, c, d});
+    for (std::size_t k = 0; k < want.size(); ++k) CHECK(kiln_test::maxdiff(got[k], want[k]) < 1e-4);
 }

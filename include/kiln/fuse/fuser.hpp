@@ -66,6 +66,16 @@ struct Limits {
     /// with neighbouring threads, which for those rows reads memory a row-stride apart; the reduce
     /// kernels give such reductions neighbouring rows to neighbouring lanes instead.
     bool column_rows = true;
+    /// Reduce groups over the same values' shape and axes that do not read each other become one
+    /// kernel with an output per reduction (merge_reduce_groups). For backends whose reduce
+    /// kernels take several outputs (CUDA; the CPU's row groups do this already).
+    bool merge_reductions = false;
+    /// An elementwise group's value read by several elementwise or reduce kernels is computed again
+    /// in each of them instead of stored, where that reads no more memory (recompute_producers).
+    bool recompute = false;
+    int recompute_nodes = 24;      ///< the largest group recomputed so
+    int recompute_broadcast = 8;   ///< ... when its value is broadcast where it is read (its ops run per element)
+    int max_reduce_outputs = 4;  ///< reductions one merged reduce group computes at most
 };
 
 struct Plan {
@@ -148,6 +158,19 @@ inline std::int64_t row_length(const Shape& s, unsigned mask) {
     return n;
 }
 
+/// The groups in order, `dead` ones left out, and node -> group again (a node recomputed in
+/// several groups maps to the first).
+inline void drop_groups(Plan& p, const std::vector<char>& dead) {
+    std::vector<Group> kept;
+    for (std::size_t k = 0; k < p.groups.size(); ++k)
+        if (!dead[k]) kept.push_back(std::move(p.groups[k]));
+    p.groups = std::move(kept);
+    std::fill(p.group_of.begin(), p.group_of.end(), -1);
+    for (std::size_t k = 0; k < p.groups.size(); ++k)
+        for (int j : p.groups[k].nodes)
+            if (p.group_of[static_cast<std::size_t>(j)] < 0) p.group_of[static_cast<std::size_t>(j)] = static_cast<int>(k);
+}
+
 /// Multi-output fusion: an elementwise group joins an earlier elementwise group over the same
 /// shape that it reads from or shares a tensor with (Black-Scholes' call and put prices and the
 /// values they share become one kernel with two outputs). The joined group runs at the later
@@ -209,13 +232,159 @@ inline void merge_elementwise_groups(const ir::Graph& g, Plan& p, const Limits& 
             dead[kk] = 1;
         }
     }
-    std::vector<Group> kept;
-    for (std::size_t k = 0; k < p.groups.size(); ++k)
-        if (!dead[k]) kept.push_back(std::move(p.groups[k]));
-    p.groups = std::move(kept);
-    std::fill(p.group_of.begin(), p.group_of.end(), -1);
-    for (std::size_t k = 0; k < p.groups.size(); ++k)
-        for (int j : p.groups[k].nodes) p.group_of[sz(j)] = static_cast<int>(k);
+    drop_groups(p, dead);
+}
+
+/// Sibling reductions (Limits::merge_reductions): a reduce group joins an earlier reduce group
+/// that reduces values of the same shape over the same axes when it does not read that group's
+/// results (BatchNorm's backward: sum(g) and sum(g * xhat) over (N, H, W)). The joined group has
+/// an output per reduction, in node order, and runs at the later group's place, so no group in
+/// between may read the earlier one's results. Arg-reductions stay alone. Bounded by the limits;
+/// searches at most `window` groups back.
+inline void merge_reduce_groups(const ir::Graph& g, Plan& p, const Limits& lim, int window = 32) {
+    auto has = [](const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); };
+    auto sums = [&](const Group& G) {
+        if (G.kind != Group::Kind::reduce) return false;
+        for (int o : G.outputs)
+            if (g[o].kind != ir::Kind::reduce) return false;
+        return true;
+    };
+    std::vector<char> dead(p.groups.size(), 0);
+    for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
+        Group& G = p.groups[gi];
+        if (!sums(G)) continue;
+        const ir::Node& gr = g[G.outputs[0]];
+        for (std::size_t kk = gi; kk-- > 0 && gi - kk <= static_cast<std::size_t>(window);) {
+            Group& K = p.groups[kk];
+            if (dead[kk] || !sums(K)) continue;
+            const ir::Node& kr = g[K.outputs[0]];
+            if (!(g[kr.in[0]].shape == g[gr.in[0]].shape) || kr.mask != gr.mask ||
+                static_cast<int>(K.outputs.size() + G.outputs.size()) > lim.max_reduce_outputs)
+                continue;
+            bool blocked = false;
+            for (std::size_t j = kk + 1; j <= gi && !blocked; ++j)
+                if (!dead[j])
+                    for (int l : p.groups[j].leaves) blocked = blocked || has(K.outputs, l);
+            if (blocked) continue;
+            std::vector<int> nodes = K.nodes;
+            for (int j : G.nodes)
+                if (!has(nodes, j)) nodes.push_back(j);
+            std::sort(nodes.begin(), nodes.end());
+            std::vector<int> leaves = K.leaves;
+            for (int l : G.leaves)
+                if (!has(leaves, l)) leaves.push_back(l);
+            if (static_cast<int>(nodes.size()) > lim.max_nodes || static_cast<int>(leaves.size()) > lim.max_inputs) continue;
+            std::sort(leaves.begin(), leaves.end());
+            std::vector<int> outs = K.outputs;
+            outs.insert(outs.end(), G.outputs.begin(), G.outputs.end());
+            std::sort(outs.begin(), outs.end());
+            G.nodes = std::move(nodes);
+            G.leaves = std::move(leaves);
+            G.outputs = std::move(outs);
+            dead[kk] = 1;
+        }
+    }
+    drop_groups(p, dead);
+}
+
+/// Recomputation (Limits::recompute): an elementwise group with one value, read only by
+/// elementwise groups and reduce groups over a shape it broadcasts to, is computed again inside
+/// each of them instead of stored, when the memory those kernels then read besides (the group's
+/// operands of their full shape that they did not read already) is no more than what storing the
+/// value and reading it back costs (its own kernel's reads, its store, one read per reader).
+/// BatchNorm's backward: the relu's gradient and the normalized input, read by both column sums
+/// and by the input's gradient, are recomputed from dy, y and x in the two kernels left; a
+/// per-channel value (rsqrt(var + eps)) is recomputed where it is read instead of being a launch
+/// of its own (at most Limits::recompute_broadcast nodes: its ops then run per element). Groups
+/// reading a matmul, and readers that do, stay as they are (a GEMM may take them as its epilogue).
+/// A group whose operands are captured memory (a parameter) is recomputed only where no write
+/// runs between it and the reader.
+inline void recompute_producers(const ir::Graph& g, Plan& p, const Limits& lim) {
+    auto sz = [](int i) { return static_cast<std::size_t>(i); };
+    auto has = [](const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); };
+    detail::Readers readers = detail::readers_of(g);
+    auto bytes = [&](int i) { return static_cast<double>(g[i].shape.numel()) * static_cast<double>(dtype_size(g[i].dtype)); };
+    auto reads_matmul = [&](const Group& G) {
+        for (int l : G.leaves)
+            if (g[l].kind == ir::Kind::matmul) return true;
+        return false;
+    };
+    auto captured = [&](int l) {  // a constant, or a view of one
+        while (g[l].kind == ir::Kind::view) l = g[l].in[0];
+        return g[l].kind == ir::Kind::constant;
+    };
+    // the shape a kernel group computes over (-1: not a group to recompute into)
+    auto space_of = [&](const Group& C) -> const Shape* {
+        if (reads_matmul(C)) return nullptr;
+        if (C.kind == Group::Kind::elementwise) return &g[C.outputs[0]].shape;
+        if (C.kind == Group::Kind::reduce && g[C.outputs[0]].kind == ir::Kind::reduce) return &g[g[C.outputs[0]].in[0]].shape;
+        return nullptr;
+    };
+    std::vector<char> dead(p.groups.size(), 0);
+    for (std::size_t e = 0; e < p.groups.size(); ++e) {
+        const Group& E = p.groups[e];
+        if (E.kind != Group::Kind::elementwise || E.outputs.size() != 1 || reads_matmul(E) ||
+            static_cast<int>(E.nodes.size()) > lim.recompute_nodes)
+            continue;
+        const int o = E.outputs[0];
+        if (readers.is_output[sz(o)] || (!p.store_into.empty() && p.store_into[sz(o)] >= 0)) continue;
+        const Shape& S = g[o].shape;
+        std::vector<std::size_t> cons;
+        bool ok = true, broadcast = false;
+        for (std::size_t k = e + 1; k < p.groups.size() && ok; ++k) {
+            if (dead[k] || !has(p.groups[k].leaves, o)) continue;
+            const Shape* sp = space_of(p.groups[k]);
+            ok = sp && detail::aligned_to(S, *sp);
+            broadcast = broadcast || (ok && sp->numel() != S.numel());
+            cons.push_back(k);
+        }
+        for (int u : readers.users[sz(o)]) {  // every reader is one of them
+            bool found = false;
+            for (std::size_t k : cons) found = found || has(p.groups[k].nodes, u);
+            ok = ok && found;
+        }
+        if (!ok || cons.empty() || (broadcast && static_cast<int>(E.nodes.size()) > lim.recompute_broadcast)) continue;
+        // memory: stored = E's reads of its whole-shape operands, its store, a read per reader
+        // (where it is not broadcast); recomputed = each reader's reads of E's operands of the
+        // reader's whole shape that it does not read yet
+        double stored = bytes(o), again = 0;
+        for (int l : E.leaves)
+            if (g[l].shape.numel() == S.numel()) stored += bytes(l);
+        bool fits = true, captures = false;
+        for (int l : E.leaves) captures = captures || captured(l);
+        for (std::size_t k : cons) {
+            const Group& C = p.groups[k];
+            const std::int64_t space = space_of(C)->numel();
+            if (space == S.numel()) stored += bytes(o);
+            std::vector<int> leaves;
+            for (int l : C.leaves)
+                if (l != o) leaves.push_back(l);
+            for (int l : E.leaves)
+                if (!has(leaves, l) && !has(C.nodes, l)) {
+                    leaves.push_back(l);
+                    if (g[l].shape.numel() == space) again += bytes(l);
+                }
+            std::size_t nodes = C.nodes.size();
+            for (int j : E.nodes) nodes += has(C.nodes, j) ? 0 : 1;
+            fits = fits && static_cast<int>(leaves.size()) <= lim.max_inputs && static_cast<int>(nodes) <= lim.max_nodes;
+            if (captures)
+                for (std::size_t j = e + 1; j < k; ++j) fits = fits && (dead[j] || p.groups[j].kind != Group::Kind::write);
+        }
+        if (!fits || again > stored) continue;
+        for (std::size_t k : cons) {
+            Group& C = p.groups[k];
+            std::erase(C.leaves, o);
+            for (int j : E.nodes)  // (a node recomputed into E may be in C already, by way of another group)
+                if (!has(C.nodes, j)) C.nodes.push_back(j);
+            for (int l : E.leaves)
+                if (!has(C.leaves, l) && !has(C.nodes, l)) C.leaves.push_back(l);
+            std::sort(C.leaves.begin(), C.leaves.end());
+            std::sort(C.nodes.begin(), C.nodes.end());
+        }
+        p.materialized[sz(o)] = 0;
+        dead[e] = 1;
+    }
+    drop_groups(p, dead);
 }
 
 }  // namespace detail
@@ -499,6 +668,8 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         G.leaves.erase(std::unique(G.leaves.begin(), G.leaves.end()), G.leaves.end());
     }
     detail::merge_elementwise_groups(g, p, lim);
+    if (lim.merge_reductions) detail::merge_reduce_groups(g, p, lim);
+    if (lim.recompute) detail::recompute_producers(g, p, lim);
     for (auto& G : p.groups) {
         if (G.kind != Group::Kind::write) continue;
         const int b = g[G.outputs[0]].in[0];

@@ -128,8 +128,13 @@ struct BatchNorm2d {
         Tensor mu, var;
         {
             const no_grad off;  // the statistics' share of the gradient is in batch_norm_train's backward
-            mu = mean(xt, {0, 1, 2}, false, loc);
-            var = mean(square(xt - mu), {0, 1, 2}, false, loc);
+            // one pass over x (as torch inductor's Welford reduction): the mean and the mean square
+            // of x - k, k each channel's first value, are sibling reductions (one kernel); shifted
+            // by a value of the data, var = E[(x-k)^2] - E[x-k]^2 keeps its precision
+            const Tensor k = xt.select(0, 0, loc).select(0, 0, loc).select(0, 0, loc);
+            const Tensor s1 = mean(xt - k, {0, 1, 2}, false, loc), s2 = mean(square(xt - k), {0, 1, 2}, false, loc);
+            mu = Tensor(k + s1, loc);
+            var = Tensor(maximum(s2 - s1 * s1, 0.0), loc);
             Tensor rm = running_mean, rv = running_var;
             const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
             rm.copy_(Tensor(rm * (1 - momentum) + mu * momentum, loc), loc);

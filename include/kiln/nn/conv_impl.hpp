@@ -291,11 +291,18 @@ inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tenso
                               const Tensor& residual, const Shape& out, const Loc& loc) {
     const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;
     if (x.device().is_cuda() && cuda::cudnn::available() && x.dtype() != DType::f64 && weight.dtype() == x.dtype()) {
+        // cuDNN's forward and backward data both read the weight as (OC, KH, KW, C) rows: one copy
+        // for both (they take it as a view in the weight's shape, which costs them nothing), made
+        // outside autograd (the library op's rule gives the weight's gradient)
+        const Tensor wl = [&] {
+            const no_grad off;
+            return channels_last(weight.detach());
+        }();
         const Tensor c = autograd::detail::library(
-            "conv2d", {&x, &weight}, [&] { return conv2d_nhwc(x, weight, Tensor{}, win, Act::none, loc, Tensor{}); },
-            [xd = x.detach(), wd = weight.detach(), win, loc](const Tensor& g) {
-                return std::vector<Tensor>{conv2d_input_grad(g, wd, xd.shape(), win, loc),
-                                           conv2d_weight_grad(xd, g, wd.shape(), win, loc).permute({0, 3, 1, 2}, loc)};
+            "conv2d", {&x, &weight}, [&] { return conv2d_nhwc(x, wl, Tensor{}, win, Act::none, loc, Tensor{}); },
+            [xd = x.detach(), wl, win, loc](const Tensor& g) {
+                return std::vector<Tensor>{conv2d_input_grad(g, wl, xd.shape(), win, loc),
+                                           conv2d_weight_grad(xd, g, wl.shape(), win, loc).permute({0, 3, 1, 2}, loc)};
             },
             loc);
         return bias_residual_act(c, b, residual, act, loc);

@@ -477,8 +477,13 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
 }
 
 /// A reduction (or arg-reduction) with its elementwise prologue, rows of any length.
+inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, std::vector<Tensor>& vals);
+/// A reduce group: each of its reductions (several when fuse::merge_reduce_groups joined them,
+/// which the CPU's limits leave off: its row groups join reductions) over its prologue.
 inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
-    const int r = G.outputs[0];
+    for (int r : G.outputs) run_reduce_output(g, G, r, vals);
+}
+inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, std::vector<Tensor>& vals) {
     const ir::Node& n = g[r];
     const int x = n.in[0];
     const Shape& S = g[x].shape;

@@ -780,27 +780,49 @@ struct ReduceSignature {
     }
 };
 
-/// Parameters: leaf pointers, out pointer, rows, L, chunks, outer sizes, inner sizes, per leaf
-/// outer strides and (unless contig/scalar) inner strides. For arg-reductions out is int64.
+/// Parameters: leaf pointers, an out pointer per output, rows, L, chunks, outer sizes, inner
+/// sizes, per leaf outer strides and (unless contig/scalar) inner strides; with `finish` the
+/// counters and a result pointer per output. For arg-reductions out is int64. A group of several
+/// reductions (fuse::merge_reduce_groups: the same rows, one pass over the operands) keeps an
+/// accumulator for each and stores each into its own output (partials: its own partial buffer).
 inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const ReduceSignature& sig) {
-    const int r = G.outputs[0];
-    const ir::Node& rn = g[r];
+    const ir::Node& rn = g[G.outputs[0]];
     const bool arg = rn.kind == ir::Kind::arg_reduce;
-    const int x = rn.in[0];
-    const std::size_t nl = G.leaves.size();
+    const std::size_t nl = G.leaves.size(), K = G.outputs.size();
+    if (arg && K != 1) throw InternalError("kiln: cuda codegen: an arg-reduction group has one output");
     const int Ro = sig.outer_rank, Ri = sig.inner_rank;
-    const DType acc = arg ? compute_dtype(g[x].dtype) : compute_dtype(rn.dtype);
-    const std::string at = compute_type(acc), idx = sig.idx64 ? "long long" : "int";
+    const std::string idx = sig.idx64 ? "long long" : "int";
+    // per output j: its node, accumulator type, and names (one output keeps the plain names)
+    const auto node = [&](std::size_t j) -> const ir::Node& { return g[G.outputs[j]]; };
+    const auto acc_t = [&](std::size_t j) {
+        return arg ? compute_dtype(g[rn.in[0]].dtype) : compute_dtype(node(j).dtype);
+    };
+    const auto at = [&](std::size_t j) { return std::string(compute_type(acc_t(j))); };
+    const auto name = [K](const char* stem, std::size_t j, const char* tail = "") {
+        return std::string(stem) + (K == 1 ? "" : std::to_string(j)) + tail;
+    };
+    const auto acc = [&](std::size_t j) { return name("acc", j); };
+    const auto out = [&](std::size_t j) { return name("out", j); };
+    const auto fin_p = [&](std::size_t j) { return name("fin", j, "_"); };
     // what a finished row stores: its accumulator, divided by the count for a mean
-    const std::string final_value = rn.rkind == ir::ReduceKind::mean && !arg
-                                        ? "(acc / (" + at + ")kiln_max(0.0, (double)L - " + literal(rn.correction, DType::f64) + "))"
-                                        : "acc";
+    const auto final_value = [&](std::size_t j) {
+        const ir::Node& n = node(j);
+        return n.rkind == ir::ReduceKind::mean && !arg
+                   ? "(" + acc(j) + " / (" + at(j) + ")kiln_max(0.0, (double)L - " + literal(n.correction, DType::f64) + "))"
+                   : acc(j);
+    };
+    const auto combine = [&](std::size_t j, const std::string& a, const std::string& b) { return combine_text(node(j).rkind, a, b); };
+    const auto identity = [&](std::size_t j) { return identity_text(node(j).rkind, acc_t(j)); };
     std::string s = "extern \"C\" __global__ void __launch_bounds__(256) @NAME@(";
     for (std::size_t k = 0; k < nl; ++k) s += "const " + std::string(storage_type(sig.dtypes[k])) + "* __restrict__ a" + std::to_string(k) + ", ";
-    const std::string out_t = sig.partial ? at : arg ? "long long" : storage_type(rn.dtype);
-    s += out_t + "* __restrict__ out, long long rows, long long L, long long chunks" + row_params(sig.inner_access, Ro, Ri);
+    for (std::size_t j = 0; j < K; ++j)
+        s += (sig.partial ? at(j) : arg ? std::string("long long") : std::string(storage_type(node(j).dtype))) + "* __restrict__ " + out(j) + ", ";
+    s += "long long rows, long long L, long long chunks" + row_params(sig.inner_access, Ro, Ri);
     const bool fin = sig.partial && sig.finish && !arg;
-    if (fin) s += std::string(", unsigned* __restrict__ sem_, ") + storage_type(rn.dtype) + "* __restrict__ fin_";
+    if (fin) {
+        s += ", unsigned* __restrict__ sem_";
+        for (std::size_t j = 0; j < K; ++j) s += ", " + std::string(storage_type(node(j).dtype)) + "* __restrict__ " + fin_p(j);
+    }
     s += ") {\n  typedef " + idx + " idx_t;\n";
     if (fin) s += "  __shared__ bool last_;\n";
     // the last block to arrive (after every block's partials are visible) combines them
@@ -815,8 +837,10 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     const auto column_partial = [&sig](const std::string& ch) {
         return sig.finish ? ch + " * (idx_t)rows + r" : "r * (idx_t)chunks + " + ch;
     };
+    // output j's slice of the warps' sums in shared memory (column layout)
+    const auto slice = [&](std::size_t j) { return "((" + at(j) + "*)(csm_ + " + std::to_string(256 * j) + "))"; };
     if (sig.columns) {
-        s += "  __shared__ double csm_[256];\n  const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;\n";
+        s += "  __shared__ double csm_[" + std::to_string(256 * K) + "];\n  const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;\n";
         s += "  const idx_t groups_ = ((idx_t)rows + 31) / 32;\n";
         s += "  for (idx_t blk = blockIdx.x; blk < groups_ * (idx_t)chunks; blk += gridDim.x) {\n";
         s += "    const idx_t rg_ = blk / (idx_t)chunks, ch = blk % (idx_t)chunks;\n";
@@ -838,7 +862,7 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
         s += "    const idx_t beg_ = 0, end_ = (idx_t)L;\n";
     }
     s += row_bases(nl, Ro);
-    s += "    " + at + " acc = " + (arg ? literal(0, acc) : identity_text(rn.rkind, acc)) + ";\n";
+    for (std::size_t j = 0; j < K; ++j) s += "    " + at(j) + " " + acc(j) + " = " + (arg ? literal(0, acc_t(j)) : identity(j)) + ";\n";
     if (arg) s += "    long long at_ = -1;\n";
     std::vector<std::string> vals(static_cast<std::size_t>(g.size()));
     const auto offset = [&](std::size_t k) -> std::string {
@@ -885,43 +909,43 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
     ExprEmitter em{g, vals, G.nodes};
     for (int i : G.nodes)
         if (g[i].kind == ir::Kind::elementwise) s += "      " + em.node(i);
-    const std::string xv = "((" + at + ")(" + vals[static_cast<std::size_t>(x)] + "))";
+    const auto xv = [&](std::size_t j) { return "((" + at(j) + ")(" + vals[static_cast<std::size_t>(node(j).in[0])] + "))"; };
     if (arg) {
         const std::string better = rn.arg_max ? "v_ > acc" : "v_ < acc";
-        s += "      const " + at + " v_ = " + xv + ";\n";
+        s += "      const " + at(0) + " v_ = " + xv(0) + ";\n";
         s += "      if (at_ < 0 || (acc == acc && (v_ != v_ || " + better + "))) { acc = v_; at_ = col; }\n";
     } else {
-        s += "      acc = " + combine_text(rn.rkind, "acc", xv) + ";\n";
+        for (std::size_t j = 0; j < K; ++j) s += "      " + acc(j) + " = " + combine(j, acc(j), xv(j)) + ";\n";
     }
     if (sig.columns) s += "      }\n";
     s += "    }\n";
     if (arg) {
         // (value, index) pairs: NaN wins, then the better value, then the lower index
-        const std::string better = rn.arg_max ? "b > a" : "b < a";
+        const std::string a0 = at(0), better = rn.arg_max ? "b > a" : "b < a";
         s += "    #pragma unroll\n    for (int o = " + std::to_string(GL == 0 ? 16 : GL / 2) + "; o > 0; o >>= 1) {\n";
-        s += "      const " + at + " b = __shfl_xor_sync(0xffffffffu, acc, o); const long long bi = __shfl_xor_sync(0xffffffffu, at_, o);\n";
-        s += "      const " + at + " a = acc;\n";
+        s += "      const " + a0 + " b = __shfl_xor_sync(0xffffffffu, acc, o); const long long bi = __shfl_xor_sync(0xffffffffu, at_, o);\n";
+        s += "      const " + a0 + " a = acc;\n";
         s += "      const bool take = bi >= 0 && (at_ < 0 || (a == a && (b != b || " + better + ")) || ((a == b || (a != a && b != b)) && bi < at_));\n";
         s += "      if (take) { acc = b; at_ = bi; }\n    }\n";
         if (GL > 0) s += "    if (live_ && lane_ == 0) out[r] = at_;\n";
     }
     if (arg && GL == 0) {
-        const std::string better = rn.arg_max ? "b > a" : "b < a";
-        s += "    __syncthreads();\n    if ((threadIdx.x & 31) == 0) { ((" + at + "*)smem_)[threadIdx.x >> 5] = acc; smi_[threadIdx.x >> 5] = at_; }\n";
+        const std::string a0 = at(0), better = rn.arg_max ? "b > a" : "b < a";
+        s += "    __syncthreads();\n    if ((threadIdx.x & 31) == 0) { ((" + a0 + "*)smem_)[threadIdx.x >> 5] = acc; smi_[threadIdx.x >> 5] = at_; }\n";
         s += "    __syncthreads();\n    if (threadIdx.x == 0) {\n";
         s += "      for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w) {\n";
-        s += "        const " + at + " b = ((" + at + "*)smem_)[w]; const long long bi = smi_[w]; const " + at + " a = acc;\n";
+        s += "        const " + a0 + " b = ((" + a0 + "*)smem_)[w]; const long long bi = smi_[w]; const " + a0 + " a = acc;\n";
         s += "        const bool take = bi >= 0 && (at_ < 0 || (a == a && (b != b || " + better + ")) || ((a == b || (a != a && b != b)) && bi < at_));\n";
         s += "        if (take) { acc = b; at_ = bi; }\n      }\n";
         s += "      out[r] = at_;\n    }\n";
     } else if (!arg && sig.columns) {
         // the 8 warps' sums of each row meet in shared memory; warp 0 combines and stores them
-        s += "    ((" + at + "*)csm_)[threadIdx.x] = acc;\n    __syncthreads();\n";
-        s += "    if (warp_ == 0) {\n      for (int w = 1; w < 8; ++w) acc = " + combine_text(rn.rkind, "acc", "((" + at + "*)csm_)[w * 32 + lane_]") + ";\n";
-        if (sig.partial) {
-            s += "      if (live_) out[" + column_partial("ch") + "] = acc;\n";
-        } else {
-            s += "      if (live_) out[r] = " + store_conv(rn.dtype, final_value) + ";\n";
+        for (std::size_t j = 0; j < K; ++j) s += "    " + slice(j) + "[threadIdx.x] = " + acc(j) + ";\n";
+        s += "    __syncthreads();\n    if (warp_ == 0) {\n";
+        for (std::size_t j = 0; j < K; ++j) {
+            s += "      for (int w = 1; w < 8; ++w) " + acc(j) + " = " + combine(j, acc(j), slice(j) + "[w * 32 + lane_]") + ";\n";
+            if (sig.partial) s += "      if (live_) " + out(j) + "[" + column_partial("ch") + "] = " + acc(j) + ";\n";
+            else s += "      if (live_) " + out(j) + "[r] = " + store_conv(node(j).dtype, final_value(j)) + ";\n";
         }
         s += "    }\n";
         if (fin) {
@@ -929,36 +953,51 @@ inline KernelText reduce_kernel(const ir::Graph& g, const fuse::Group& G, const 
             // the partials of 32 neighbouring rows are neighbours (chunk-major): one line per load,
             // kColumnUnroll loads in flight per warp, combined in chunk order
             const std::string U = std::to_string(kColumnUnroll);
-            s += "    if (last_) {\n      acc = " + identity_text(rn.rkind, acc) + ";\n";
-            s += "      for (idx_t c0_ = warp_; c0_ < (idx_t)chunks; c0_ += 8 * " + U + ") {\n        " + at + " p_[" + U + "];\n";
-            s += "        #pragma unroll\n        for (int u_ = 0; u_ < " + U + "; ++u_) { const idx_t c = c0_ + 8 * u_; if (c < (idx_t)chunks) p_[u_] = ((volatile " +
-                 at + "*)out)[" + column_partial("c") + "]; }\n";
-            s += "        #pragma unroll\n        for (int u_ = 0; u_ < " + U + "; ++u_) { if (c0_ + 8 * u_ >= (idx_t)chunks) break; acc = " +
-                 combine_text(rn.rkind, "acc", "p_[u_]") + "; }\n      }\n";
-            s += "      ((" + at + "*)csm_)[threadIdx.x] = acc;\n      __syncthreads();\n";
-            s += "      if (warp_ == 0) {\n        for (int w = 1; w < 8; ++w) acc = " +
-                 combine_text(rn.rkind, "acc", "((" + at + "*)csm_)[w * 32 + lane_]") + ";\n";
-            s += "        if (live_) fin_[r] = " + store_conv(rn.dtype, final_value) + ";\n      }\n";
-            s += "      if (threadIdx.x == 0) sem_[rg_] = 0;\n    }\n";
+            s += "    if (last_) {\n";
+            for (std::size_t j = 0; j < K; ++j) {
+                s += "      " + acc(j) + " = " + identity(j) + ";\n";
+                s += "      for (idx_t c0_ = warp_; c0_ < (idx_t)chunks; c0_ += 8 * " + U + ") {\n        " + at(j) + " p_[" + U + "];\n";
+                s += "        #pragma unroll\n        for (int u_ = 0; u_ < " + U + "; ++u_) { const idx_t c = c0_ + 8 * u_; if (c < (idx_t)chunks) p_[u_] = ((volatile " +
+                     at(j) + "*)" + out(j) + ")[" + column_partial("c") + "]; }\n";
+                s += "        #pragma unroll\n        for (int u_ = 0; u_ < " + U + "; ++u_) { if (c0_ + 8 * u_ >= (idx_t)chunks) break; " + acc(j) +
+                     " = " + combine(j, acc(j), "p_[u_]") + "; }\n      }\n";
+                s += "      " + slice(j) + "[threadIdx.x] = " + acc(j) + ";\n";
+            }
+            s += "      __syncthreads();\n      if (warp_ == 0) {\n";
+            for (std::size_t j = 0; j < K; ++j) {
+                s += "        for (int w = 1; w < 8; ++w) " + acc(j) + " = " + combine(j, acc(j), slice(j) + "[w * 32 + lane_]") + ";\n";
+                s += "        if (live_) " + fin_p(j) + "[r] = " + store_conv(node(j).dtype, final_value(j)) + ";\n";
+            }
+            s += "      }\n      if (threadIdx.x == 0) sem_[rg_] = 0;\n    }\n";
         }
         s += "    __syncthreads();\n  }\n}\n";
         return finish_kernel("red", s);
     } else if (!arg) {
-        const std::string comb = "[](" + at + " a, " + at + " b) { return (" + at + ")(" + combine_text(rn.rkind, "a", "b") + "); }";
-        if (GL == 0) s += "    acc = kiln_block_reduce(acc, " + comb + ", (" + at + "*)smem_, " + identity_text(rn.rkind, acc) + ");\n";
-        else s += "    acc = kiln_group_reduce<" + gs + ">(acc, " + comb + ");\n";
+        const auto comb = [&](std::size_t j) {
+            return "[](" + at(j) + " a, " + at(j) + " b) { return (" + at(j) + ")(" + combine(j, "a", "b") + "); }";
+        };
+        for (std::size_t j = 0; j < K; ++j) {
+            if (GL == 0) s += "    " + acc(j) + " = kiln_block_reduce(" + acc(j) + ", " + comb(j) + ", (" + at(j) + "*)smem_, " + identity(j) + ");\n";
+            else s += "    " + acc(j) + " = kiln_group_reduce<" + gs + ">(" + acc(j) + ", " + comb(j) + ");\n";
+        }
         if (sig.partial) {
-            s += "    if (threadIdx.x == 0) out[blk] = acc;\n";
+            for (std::size_t j = 0; j < K; ++j) s += "    if (threadIdx.x == 0) " + out(j) + "[blk] = " + acc(j) + ";\n";
             if (fin) {
                 s += arrive("r");
-                s += "    if (last_) {\n      acc = " + identity_text(rn.rkind, acc) + ";\n";
-                s += "      for (idx_t c = threadIdx.x; c < (idx_t)chunks; c += blockDim.x) acc = " +
-                     combine_text(rn.rkind, "acc", "((volatile " + at + "*)out)[r * (idx_t)chunks + c]") + ";\n";
-                s += "      acc = kiln_block_reduce(acc, " + comb + ", (" + at + "*)smem_, " + identity_text(rn.rkind, acc) + ");\n";
-                s += "      if (threadIdx.x == 0) { fin_[r] = " + store_conv(rn.dtype, final_value) + "; sem_[r] = 0; }\n    }\n";
+                s += "    if (last_) {\n";
+                for (std::size_t j = 0; j < K; ++j) {
+                    s += "      " + acc(j) + " = " + identity(j) + ";\n";
+                    s += "      for (idx_t c = threadIdx.x; c < (idx_t)chunks; c += blockDim.x) " + acc(j) + " = " +
+                         combine(j, acc(j), "((volatile " + at(j) + "*)" + out(j) + ")[r * (idx_t)chunks + c]") + ";\n";
+                    s += "      " + acc(j) + " = kiln_block_reduce(" + acc(j) + ", " + comb(j) + ", (" + at(j) + "*)smem_, " + identity(j) + ");\n";
+                    s += "      if (threadIdx.x == 0) " + fin_p(j) + "[r] = " + store_conv(node(j).dtype, final_value(j)) + ";\n";
+                }
+                s += "      if (threadIdx.x == 0) sem_[r] = 0;\n    }\n";
             }
         } else {
-            s += std::string(GL == 0 ? "    if (threadIdx.x == 0)" : "    if (live_ && lane_ == 0)") + " out[r] = " + store_conv(rn.dtype, final_value) + ";\n";
+            for (std::size_t j = 0; j < K; ++j)
+                s += std::string(GL == 0 ? "    if (threadIdx.x == 0) " : "    if (live_ && lane_ == 0) ") + out(j) + "[r] = " +
+                     store_conv(node(j).dtype, final_value(j)) + ";\n";
         }
     }
     if (GL == 0) s += "    __syncthreads();\n";

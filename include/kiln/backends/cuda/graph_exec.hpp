@@ -100,7 +100,8 @@ inline unsigned grid_for(std::int64_t work, int threads, int device, int waves =
 /// (threads per short row: 0 = a block per row always; 1, 2, ..., 32 = that many; unset = the
 /// heuristic, short_row_lanes); KILN_CUDA_SPLIT_FINISH=0 finishes split reductions with a second
 /// launch instead of in their own (ReduceSignature::finish); KILN_CUDA_COMBO=0 launches every
-/// elementwise group alone (no combo launches, Launcher).
+/// elementwise group alone (no combo launches, Launcher); KILN_CUDA_MERGE_REDUCTIONS=0 and
+/// KILN_CUDA_RECOMPUTE=0 turn off the fuser's sibling-reduction joining and recomputation.
 struct Tuning {
     int ew_unroll = 1;    // measured on the H100: 1, 2 and 4 within noise of each other (chain64M)
     int ew_waves = 1 << 20;  // grid cap in waves of resident blocks: none (one vector per thread) measured
@@ -109,6 +110,8 @@ struct Tuning {
     int row_lanes = -1;   // -1: short_row_lanes decides
     bool split_finish = true;
     bool combo = true;
+    bool merge_reductions = true;  // fuse::Limits::merge_reductions
+    bool recompute = true;         // fuse::Limits::recompute
     static const Tuning& get() {
         static const Tuning t = [] {
             Tuning r;
@@ -117,6 +120,8 @@ struct Tuning {
             if (const char* e = std::getenv("KILN_CUDA_EW_WAVES")) r.ew_waves = std::clamp(std::atoi(e), 1, 1 << 20);
             if (const char* e = std::getenv("KILN_CUDA_SPLIT_FINISH")) r.split_finish = std::atoi(e) != 0;
             if (const char* e = std::getenv("KILN_CUDA_COMBO")) r.combo = std::atoi(e) != 0;
+            if (const char* e = std::getenv("KILN_CUDA_MERGE_REDUCTIONS")) r.merge_reductions = std::atoi(e) != 0;
+            if (const char* e = std::getenv("KILN_CUDA_RECOMPUTE")) r.recompute = std::atoi(e) != 0;
             if (const char* e = std::getenv("KILN_CUDA_ROW_LANES")) {
                 const int v = std::atoi(e);
                 r.row_lanes = v <= 0 ? 0 : static_cast<int>(std::bit_floor(static_cast<unsigned>(std::min(v, 32))));
@@ -859,22 +864,26 @@ inline unsigned* reduce_counters(int device, CUstream s, std::int64_t n) {
 
 inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, int device, KernelMemo& memo,
                        KernelMemo& combine_memo, Launcher& L) {
-    const int r = G.outputs[0];
-    const ir::Node& rn = g[r];
+    // every output reduces values of one shape over the same axes (fuse::merge_reduce_groups)
+    const ir::Node& rn = g[G.outputs[0]];
     const bool arg = rn.kind == ir::Kind::arg_reduce;
     const Shape& S = g[rn.in[0]].shape;
-    Tensor out = out_for(vals, r, rn.shape, rn.dtype, device);
+    std::vector<Tensor> outs;
+    for (int r : G.outputs) outs.push_back(out_for(vals, r, g[r].shape, g[r].dtype, device));
     std::int64_t inner = 1;
     for (int d = 0; d < S.rank(); ++d)
         if (rn.mask & (1u << d)) inner *= S[d];
-    if (out.numel() == 0) return;
+    if (outs[0].numel() == 0) return;
     if (inner == 0) {
-        if (arg || rn.rkind == ir::ReduceKind::max || rn.rkind == ir::ReduceKind::min)
-            throw ValueError("kiln::" + std::string(arg ? "argmax" : ir::reduce_name(rn.rkind)) +
-                             ": cannot reduce over an empty dimension of shape " + S.str());
-        Tensor host(rn.shape, rn.dtype);
-        host.fill_(Scalar(rn.rkind == ir::ReduceKind::prod ? 1.0 : 0.0));
-        vals[static_cast<std::size_t>(r)] = host.to(Device::cuda(device));
+        for (int r : G.outputs) {
+            const ir::Node& n = g[r];
+            if (arg || n.rkind == ir::ReduceKind::max || n.rkind == ir::ReduceKind::min)
+                throw ValueError("kiln::" + std::string(arg ? "argmax" : ir::reduce_name(n.rkind)) +
+                                 ": cannot reduce over an empty dimension of shape " + S.str());
+            Tensor host(n.shape, n.dtype);
+            host.fill_(Scalar(n.rkind == ir::ReduceKind::prod ? 1.0 : 0.0));
+            vals[static_cast<std::size_t>(r)] = host.to(Device::cuda(device));
+        }
         return;
     }
     std::vector<Strides> strides;
@@ -922,11 +931,17 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
     if (sig.partial && !arg && Tuning::get().split_finish)
         counters = reduce_counters(device, current_stream(device), sig.columns ? (lay.rows + 31) / 32 : lay.rows);
     sig.finish = counters != nullptr;
-    const DType acc = arg ? compute_dtype(g[rn.in[0]].dtype) : compute_dtype(rn.dtype);
-    Tensor partial = sig.partial ? new_on(Shape{lay.rows * chunks}, acc == DType::boolean ? DType::f32 : acc, device) : Tensor();
+    // each output's partials (accumulator type), when the rows are split
+    const auto acc_of = [&](int r) { return arg ? compute_dtype(g[rn.in[0]].dtype) : compute_dtype(g[r].dtype); };
+    std::vector<Tensor> partials;
+    if (sig.partial)
+        for (int r : G.outputs) {
+            const DType acc = acc_of(r);
+            partials.push_back(new_on(Shape{lay.rows * chunks}, acc == DType::boolean ? DType::f32 : acc, device));
+        }
     Args a;
     for (int leaf : G.leaves) a.add_ptr(vals[static_cast<std::size_t>(leaf)].data_ptr());
-    a.add_ptr(sig.partial ? partial.data_ptr() : out.data_ptr());
+    for (std::size_t j = 0; j < outs.size(); ++j) a.add_ptr(sig.partial ? partials[j].data_ptr() : outs[j].data_ptr());
     a.add(lay.rows);
     a.add(lay.L);
     a.add(chunks);
@@ -939,7 +954,7 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
     }
     if (sig.finish) {
         a.add_ptr(counters);
-        a.add_ptr(out.data_ptr());
+        for (const Tensor& o : outs) a.add_ptr(o.data_ptr());
     }
     const std::int64_t units = sig.columns   ? (lay.rows + 31) / 32 * chunks
                                : sig.lanes > 0 ? (lay.rows * sig.lanes + 255) / 256
@@ -947,19 +962,23 @@ inline void run_reduce(const ir::Graph& g, const fuse::Group& G, std::vector<Ten
     const std::int64_t blocks = std::min<std::int64_t>(units, static_cast<std::int64_t>(sms) * 32);
     L.add(memo, sig.key(), [&g, &G, sig] { return reduce_kernel(g, G, sig); }, std::move(a), static_cast<unsigned>(blocks), 256);
     if (!sig.partial || sig.finish) return;
-    const std::string ckey = std::to_string(static_cast<int>(rn.rkind)) + "/" + std::to_string(static_cast<int>(acc)) + "/" +
-                             std::to_string(static_cast<int>(rn.dtype)) + "/" + std::to_string(rn.correction);
-    Args b;
-    b.add_ptr(partial.data_ptr());
-    b.add_ptr(out.data_ptr());
-    b.add(lay.rows);
-    b.add(chunks);
-    b.add(lay.L);
-    const ir::ReduceKind rk = rn.rkind;
-    const DType od = rn.dtype;
-    const double corr = rn.correction;
-    L.add(combine_memo, ckey, [rk, acc, od, corr] { return combine_kernel(rk, acc, od, corr); }, std::move(b),
-          static_cast<unsigned>(std::min<std::int64_t>(lay.rows, static_cast<std::int64_t>(sms) * 32)), 256);
+    for (std::size_t j = 0; j < outs.size(); ++j) {  // a second launch per output combines its partials
+        const ir::Node& n = g[G.outputs[j]];
+        const DType acc = acc_of(G.outputs[j]);
+        const std::string ckey = std::to_string(static_cast<int>(n.rkind)) + "/" + std::to_string(static_cast<int>(acc)) + "/" +
+                                 std::to_string(static_cast<int>(n.dtype)) + "/" + std::to_string(n.correction);
+        Args b;
+        b.add_ptr(partials[j].data_ptr());
+        b.add_ptr(outs[j].data_ptr());
+        b.add(lay.rows);
+        b.add(chunks);
+        b.add(lay.L);
+        const ir::ReduceKind rk = n.rkind;
+        const DType od = n.dtype;
+        const double corr = n.correction;
+        L.add(combine_memo, ckey, [rk, acc, od, corr] { return combine_kernel(rk, acc, od, corr); }, std::move(b),
+              static_cast<unsigned>(std::min<std::int64_t>(lay.rows, static_cast<std::int64_t>(sms) * 32)), 256);
+    }
 }
 
 /// A matmul group: the GEMM with the epilogue the fuser gave it (bias, relu, gelu_tanh, gelu),
@@ -1118,7 +1137,11 @@ public:
     void adjust_plan(const ir::Graph& g, fuse::Plan& plan) const override {
         fuse::absorb_matmul_epilogues(g, plan);  // the GEMM applies bias, relu, gelu_tanh and gelu
     }
-    void adjust_limits(fuse::Limits& lim) const override { lim.column_rows = false; }
+    void adjust_limits(fuse::Limits& lim) const override {
+        lim.column_rows = false;
+        lim.merge_reductions = Tuning::get().merge_reductions;  // reduce_kernel takes several outputs
+        lim.recompute = Tuning::get().recompute;
+    }
     fuse::Executable replayed(fuse::Executable e) const override {
         auto replay = std::make_shared<GraphReplay>(std::move(e), device_);
         return [replay](const std::vector<Tensor>& in) { return (*replay)(in); };
