@@ -493,6 +493,22 @@ TEST_CASE("fuser: each write of a chain into views of one captured tensor stores
     CHECK(out[0].is_same(memory));  // the result is the memory itself, written in place
     const std::vector<double> want{1, 4, 9, 2, 4, 6};
     for (int i = 0; i < 6; ++i) CHECK(memory.item<double>(i) == want[static_cast<std::size_t>(i)]);
+
+    // then the memory's whole value replaced by one computed from it (DataParallel's bucket,
+    // averaged after its chain of gradient writes): in place too, no copy of the memory
+    const int half = scalar(g, 0.5);
+    const int h = ew<ops::Mul>(g, {w2, half}, {6});
+    const int w3 = write(w2, h, 0);
+    g.outputs = {w3};
+    ir::verify(g, "test");
+    const kiln::fuse::Plan p2 = kiln::fuse::plan(g);
+    const int gw3 = p2.group_of[static_cast<std::size_t>(w3)];
+    REQUIRE(gw3 >= 0);
+    CHECK(p2.groups[static_cast<std::size_t>(gw3)].in_place);
+    memory.fill_(-1.0);
+    const std::vector<Tensor> out2 = run(g, {kiln::arange(1, 4).to(DType::f32)});
+    CHECK(out2[0].is_same(memory));
+    for (int i = 0; i < 6; ++i) CHECK(memory.item<double>(i) == 0.5 * want[static_cast<std::size_t>(i)]);
 }
 
 TEST_CASE("fuser (CUDA's limits): BatchNorm's backward is two kernels, both column sums in one, the relu's gradient and x-hat recomputed") {

@@ -688,18 +688,23 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     for (std::size_t k = 0; k < p.groups.size(); ++k) {
         Group& G = p.groups[k];
         if (G.kind != Group::Kind::write) continue;
+        // the captured memory under a chain of in-place writes: a write that continues the chain,
+        // or one that replaces the memory's value after it (DataParallel's averaged bucket, read
+        // back after its all-reduce, whose old values, the chain's, are read before it)
         int b = g[G.outputs[0]].in[0];
         const bool chained = G.in_place;
-        if (chained)
-            while (g[b].kind == Kind::view_write && p.group_of[sz(b)] >= 0 && p.groups[sz(p.group_of[sz(b)])].kind == Group::Kind::write &&
-                   p.groups[sz(p.group_of[sz(b)])].in_place)
-                b = g[b].in[0];
-        if (g[b].kind != Kind::constant) continue;
+        bool through = chained;
+        while (g[b].kind == Kind::view_write && p.group_of[sz(b)] >= 0 && p.groups[sz(p.group_of[sz(b)])].kind == Group::Kind::write &&
+               p.groups[sz(p.group_of[sz(b)])].in_place) {
+            b = g[b].in[0];
+            through = true;
+        }
+        if (g[b].kind != Kind::constant || g[b].fresh) continue;  // (memory the function made: each call sees its first value)
         std::vector<char> alias(sz(N), 0);
         bool ok = true;
         for (int i = b; i < N; ++i) {
             alias[sz(i)] = i == b || (g[i].kind == Kind::view && alias[sz(g[i].in[0])]) ||
-                           (chained && g[i].kind == Kind::view_write && i < G.outputs[0] && alias[sz(g[i].in[0])]);
+                           (through && g[i].kind == Kind::view_write && i < G.outputs[0] && alias[sz(g[i].in[0])]);
             if (!chained && alias[sz(i)] && is_output[sz(i)]) ok = false;
         }
         if (!chained) {

@@ -168,6 +168,9 @@ struct Node {
     int index = -1;
     // constant
     Tensor tensor;
+    /// constant: memory the traced function made (a tensor it creates, as `zeros` filled by
+    /// slices): each call must see its first value, so no write may go into it in place
+    bool fresh = false;
     // call
     std::shared_ptr<const CallOp> call;
     std::source_location loc{};

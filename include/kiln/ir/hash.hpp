@@ -69,7 +69,7 @@ inline bool same_node(const Node& a, const Node& b) {
         case Kind::input: return a.index == b.index;
         case Kind::constant:
             return a.tensor.storage() == b.tensor.storage() && a.tensor.offset() == b.tensor.offset() &&
-                   a.tensor.strides() == b.tensor.strides() && a.tensor.dtype() == b.tensor.dtype();
+                   a.tensor.strides() == b.tensor.strides() && a.tensor.dtype() == b.tensor.dtype() && a.fresh == b.fresh;
         case Kind::scalar: return std::bit_cast<std::uint64_t>(a.value) == std::bit_cast<std::uint64_t>(b.value);
         case Kind::elementwise: return a.op == b.op && a.ct == b.ct && a.attr == b.attr;
         case Kind::reduce:

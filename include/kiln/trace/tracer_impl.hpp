@@ -251,15 +251,17 @@ KILN_DECL std::shared_ptr<Base> Tracer::storage_base(const Tensor& t) {
     if (auto it = storage_bases_.find(s); it != storage_bases_.end()) return it->second;
     const std::int64_t n = static_cast<std::int64_t>(s->nbytes() / t.element_size());
     const Tensor whole(t.storage(), 0, Shape{n}, Strides{1}, t.dtype());
+    const bool outside = s->serial() < first_storage_ || adopted_.count(s) != 0;
     ir::Node c;
     c.kind = ir::Kind::constant;
     c.dtype = whole.dtype();
     c.shape = whole.shape();
     c.tensor = whole;
+    c.fresh = !outside;
     auto b = new_base(graph_.add(std::move(c)), whole.shape(), whole.dtype());
     b->own_node = b->node;
     b->target = whole;
-    b->outside = s->serial() < first_storage_ || adopted_.count(s) != 0;
+    b->outside = outside;
     storage_bases_[s] = b;
     pinned_.push_back(b);
     return b;
