@@ -171,6 +171,14 @@ inline void drop_groups(Plan& p, const std::vector<char>& dead) {
             if (p.group_of[static_cast<std::size_t>(j)] < 0) p.group_of[static_cast<std::size_t>(j)] = static_cast<int>(k);
 }
 
+/// Whether group G reads a matmul's result (such groups stay as they are: a GEMM library may take
+/// them as its epilogue).
+inline bool reads_matmul(const ir::Graph& g, const Group& G) {
+    for (int l : G.leaves)
+        if (g[l].kind == ir::Kind::matmul) return true;
+    return false;
+}
+
 /// Multi-output fusion: an elementwise group joins an earlier elementwise group over the same
 /// shape that it reads from or shares a tensor with (Black-Scholes' call and put prices and the
 /// values they share become one kernel with two outputs). The joined group runs at the later
@@ -183,20 +191,15 @@ inline void merge_elementwise_groups(const ir::Graph& g, Plan& p, const Limits& 
     detail::Readers readers = detail::readers_of(g);
     auto& users = readers.users;
     auto& is_output = readers.is_output;
-    auto reads_matmul = [&](const Group& G) {
-        for (int l : G.leaves)
-            if (g[l].kind == ir::Kind::matmul) return true;
-        return false;
-    };
     auto has = [](const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); };
     std::vector<char> dead(p.groups.size(), 0);
     for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
         Group& G = p.groups[gi];
-        if (G.kind != Group::Kind::elementwise || reads_matmul(G)) continue;
+        if (G.kind != Group::Kind::elementwise || reads_matmul(g, G)) continue;
         const Shape space = g[G.outputs[0]].shape;
         for (std::size_t kk = gi; kk-- > 0 && gi - kk <= static_cast<std::size_t>(window);) {
             Group& K = p.groups[kk];
-            if (dead[kk] || K.kind != Group::Kind::elementwise || reads_matmul(K) || !(g[K.outputs[0]].shape == space)) continue;
+            if (dead[kk] || K.kind != Group::Kind::elementwise || reads_matmul(g, K) || !(g[K.outputs[0]].shape == space)) continue;
             bool connected = false;
             for (int l : G.leaves) connected = connected || has(K.outputs, l) || has(K.leaves, l);
             if (!connected) continue;
@@ -304,18 +307,13 @@ inline void recompute_producers(const ir::Graph& g, Plan& p, const Limits& lim) 
     auto has = [](const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); };
     detail::Readers readers = detail::readers_of(g);
     auto bytes = [&](int i) { return static_cast<double>(g[i].shape.numel()) * static_cast<double>(dtype_size(g[i].dtype)); };
-    auto reads_matmul = [&](const Group& G) {
-        for (int l : G.leaves)
-            if (g[l].kind == ir::Kind::matmul) return true;
-        return false;
-    };
     auto captured = [&](int l) {  // a constant, or a view of one
         while (g[l].kind == ir::Kind::view) l = g[l].in[0];
         return g[l].kind == ir::Kind::constant;
     };
-    // the shape a kernel group computes over (-1: not a group to recompute into)
+    // the shape a kernel group computes over (null: not a group to recompute into)
     auto space_of = [&](const Group& C) -> const Shape* {
-        if (reads_matmul(C)) return nullptr;
+        if (reads_matmul(g, C)) return nullptr;
         if (C.kind == Group::Kind::elementwise) return &g[C.outputs[0]].shape;
         if (C.kind == Group::Kind::reduce && g[C.outputs[0]].kind == ir::Kind::reduce) return &g[g[C.outputs[0]].in[0]].shape;
         return nullptr;
@@ -323,7 +321,7 @@ inline void recompute_producers(const ir::Graph& g, Plan& p, const Limits& lim) 
     std::vector<char> dead(p.groups.size(), 0);
     for (std::size_t e = 0; e < p.groups.size(); ++e) {
         const Group& E = p.groups[e];
-        if (E.kind != Group::Kind::elementwise || E.outputs.size() != 1 || reads_matmul(E) ||
+        if (E.kind != Group::Kind::elementwise || E.outputs.size() != 1 || reads_matmul(g, E) ||
             static_cast<int>(E.nodes.size()) > lim.recompute_nodes)
             continue;
         const int o = E.outputs[0];
