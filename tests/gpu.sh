@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite, for a machine with a CUDA device: every test binary (the CUDA ones run their GPU
-# cases there; test_dist's multi_gpu suite where there are 2 GPUs or more), compute-sanitizer
+# cases there; test_dist's multi_gpu suite where there are 2 GPUs or more, multi_gpu4 where 4), compute-sanitizer
 # memcheck over the CUDA tests, then the GPU bench rows.
 #   bash tests/gpu.sh [BUILD_DIR]      (default build/gpu; logs and JSON go to $OUT or /tmp/kiln-gpu)
 # Build first (here or elsewhere) with:
@@ -14,10 +14,12 @@ export KILN_CACHE_DIR="$(mktemp -d)"
 export KILN_RUN="$PWD/tools/kilnrun"  # test_dist starts its ranks through the launcher of this tree
 status=0
 nvidia-smi -L || true
-# the suite multi_gpu (several processes on several GPUs, test_dist) runs where there are 2 GPUs or more
+# the suite multi_gpu (several processes on several GPUs, test_dist) runs where there are 2 GPUs or
+# more, multi_gpu4 where there are 4 or more
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' )
 left_out_suites=no_gpu,download
-[ "$gpus" -ge 2 ] || left_out_suites=no_gpu,download,multi_gpu
+[ "$gpus" -ge 4 ] || left_out_suites=no_gpu,download,multi_gpu4
+[ "$gpus" -ge 2 ] || left_out_suites=no_gpu,download,multi_gpu,multi_gpu4
 echo "== $gpus GPUs: suites left out: $left_out_suites"
 for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics autograd dist bert nn nn_io ops_sweep shape_ops compile compile_semantics core expr errors cpu_backend; do
   exe="$B/tests/kiln_test_$t"

@@ -2,8 +2,8 @@
 // through tools/kilnrun: collectives against a float64 reference, DataParallel training against one
 // process on the global batch (eager and compiled), a rank that dies, mismatched and duplicate
 // ranks. On the CPU (the store backend) these run in CI; on CUDA (NCCL) the single-GPU cases run
-// on any GPU machine and the suite "multi_gpu" on a machine with two GPUs or more
-// (tests/gpu.sh runs it there).
+// on any GPU machine, the suite "multi_gpu" on a machine with two GPUs or more and "multi_gpu4"
+// on one with four or more (tests/gpu.sh runs them there).
 #include <doctest/doctest.h>
 
 #include <kiln/dist.hpp>
@@ -273,6 +273,24 @@ TEST_CASE("dist: a group of one on the CPU; collectives are identities, DataPara
     ddp_of_one_matches_module(kiln::Device::cpu(), kiln::Mode::normal, 1e-6);
     ddp_gradients_are_bucket_views(kiln::Device::cpu(), std::nullopt);
     ddp_gradients_are_bucket_views(kiln::Device::cpu(), kiln::Mode::normal);
+    {
+        // the bucket plan: reverse order, the first bucket up to 1 MB; the leading parameters (a 2 MB
+        // weight, its 2 KB bias: backward makes them last) are the last bucket on their own
+        kiln::nn::Mlp m(1024, 512, 256, {kiln::DType::f32, kiln::Device::cpu()});
+        {
+            dist::DataParallel ddp(m);
+            CHECK(ddp.reducer().bucket_params() == std::vector<std::vector<int>>{{3, 2}, {1, 0}});
+        }
+        // every parameter one bucket (no cap): no tail of its own either
+        dist::DataParallel each(m, {.bucket_cap_mb = 0, .first_bucket_mb = 0});
+        CHECK(each.reducer().bucket_params().size() == 4);
+    }
+    {
+        // a tail as large as the whole model: one bucket
+        kiln::nn::Mlp m(16, 64, 4, {kiln::DType::f32, kiln::Device::cpu()});
+        dist::DataParallel ddp(m, {.bucket_cap_mb = 0.001, .first_bucket_mb = 1});
+        CHECK(ddp.reducer().bucket_params() == std::vector<std::vector<int>>{{3, 2, 1, 0}});
+    }
     dist::destroy();
     CHECK_FALSE(dist::is_initialized());
     dist::destroy();  // twice is fine
@@ -407,6 +425,22 @@ TEST_CASE("DataParallel, 2 GPUs: 20 steps equal one GPU on the global batch (MLP
             CHECK(has(r.logs[0], "parameters vs one process on the global batch"));
             CHECK(has(r.logs[1], "train ok"));
         }
+}
+
+TEST_CASE("dist, 4 GPUs: every collective, and DataParallel's 20 steps equal one GPU on the global batch (MLP and BERT layer, reduce_overhead)" *
+          doctest::test_suite("multi_gpu4") * doctest::skip(kiln::cuda::device_count() < 4)) {
+    const Run c = run_workers(4, "collectives --device cuda");
+    INFO(c.all());
+    CHECK(c.status == 0);
+    for (int k = 0; k < 4; ++k) CHECK(has(c.logs[static_cast<std::size_t>(k)], "collectives ok (nccl, 4 ranks)"));
+    for (const char* model : {"mlp", "bert"}) {
+        const Run r = run_workers(4, std::string("train --device cuda --model ") + model + " --mode reduce_overhead --steps 20 --tol 1e-4");
+        INFO(r.all());
+        CHECK(r.status == 0);
+        CHECK(has(r.logs[0], "4 ranks, 20 steps"));
+        CHECK(has(r.logs[0], "parameters vs one process on the global batch"));
+        for (int k = 1; k < 4; ++k) CHECK(has(r.logs[static_cast<std::size_t>(k)], "train ok"));
+    }
 }
 
 TEST_CASE("dist, 2 GPUs: a rank that exits mid-training makes the other raise DistError, not hang (compiled, reduce_overhead)" *

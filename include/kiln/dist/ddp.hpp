@@ -13,7 +13,9 @@
 //   });
 //
 // How: the parameters are split into buckets (in reverse order, as their gradients become ready
-// in backward; the first bucket small, then bucket_cap_mb each). Each bucket is one flat tensor
+// in backward; the first bucket small, then bucket_cap_mb each, and the last, the leading
+// parameters whose gradients backward makes last, small again: its all-reduce and the update after
+// it are the part of the communication that nothing hides). Each bucket is one flat tensor
 // and every gradient of the bucket a view of it (autograd::set_grad_buffer: backward writes the
 // gradients there; torch's gradient_as_bucket_view), so a bucket travels as one in-place
 // all-reduce, with no copy in or out. Each parameter's post-accumulate hook marks it ready; a
@@ -42,7 +44,8 @@ namespace kiln::dist {
 
 struct DDPOptions {
     double bucket_cap_mb = 25;      ///< a bucket's size (torch's default)
-    double first_bucket_mb = 1;     ///< the first bucket's (the last layers' gradients, ready first): small, so communication starts early
+    double first_bucket_mb = 1;     ///< the first bucket's (the last layers' gradients, ready first): small, so communication starts early;
+                                    ///< the last bucket's too (the leading parameters, and small ones right after them)
     bool broadcast_buffers = true;  ///< before each forward, every rank takes rank 0's buffers (BatchNorm's running statistics), as torch
 };
 

@@ -30,10 +30,23 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
         broadcast_coalesced(all, 0, loc);
     }
     // buckets: parameters in reverse order (backward makes the last layers' gradients first), one
-    // dtype per bucket; the first closes at first_bucket_mb, the others at bucket_cap_mb
+    // dtype per bucket; the first closes at first_bucket_mb, the others at bucket_cap_mb. The
+    // leading parameters' gradients come last, and their all-reduce and update overlap nothing:
+    // they form the last bucket on their own, as small as the first (up to first_bucket_mb, with
+    // the small parameters that follow them, such as the first layer's bias)
+    const double tail_cap = opt_.first_bucket_mb * 1024 * 1024;
+    const auto bytes = [](const Tensor& t) { return static_cast<double>(t.numel()) * static_cast<double>(dtype_size(t.dtype())); };
+    int tail = 0;  // parameters [0, tail) form the last bucket
+    for (double b = 0; tail < static_cast<int>(params_.size()); ++tail) {
+        const Tensor& p = params_[static_cast<std::size_t>(tail)];
+        if (p.dtype() != params_[0].dtype() || (b >= tail_cap && bytes(p) >= tail_cap / 16)) break;
+        b += bytes(p);
+    }
     bucket_of_.assign(params_.size(), -1);
     std::vector<std::pair<DType, int>> open;  // per dtype: its open bucket (-1: none)
     for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+        if (i == tail - 1)  // the tail's own bucket: close every open one first
+            for (auto& [dt, b] : open) b = -1;
         const Tensor& p = params_[static_cast<std::size_t>(i)];
         int* slot = nullptr;
         for (auto& [dt, b] : open)
@@ -52,7 +65,7 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
         b.numel += p.numel();
         bucket_of_[static_cast<std::size_t>(i)] = *slot;
         const double cap = (buckets_.size() == 1 ? opt_.first_bucket_mb : opt_.bucket_cap_mb) * 1024 * 1024;
-        if (static_cast<double>(b.numel) * static_cast<double>(dtype_size(b.dtype)) >= cap) *slot = -1;
+        if (i >= tail && static_cast<double>(b.numel) * static_cast<double>(dtype_size(b.dtype)) >= cap) *slot = -1;
     }
     const int first = reserve_buckets(static_cast<int>(buckets_.size()));
     for (std::size_t k = 0; k < buckets_.size(); ++k) {

@@ -356,7 +356,7 @@ inline void join(Group& g) {
     }
     if (const nccl::Result r = nccl::lib().comm_init_rank(&g.comm, g.world, id, g.rank); r != nccl::success)
         refuse("ncclCommInitRank failed on rank " + std::to_string(g.rank) + ": " + nccl::error_text(r));
-    g.comm_stream = std::make_unique<cuda::Stream>(g.device.index);
+    g.comm_stream = std::make_unique<cuda::Stream>(g.device.index, cuda::Stream::Highest{});  // buckets start as soon as ready
 }
 
 /// Makes a replayed CUDA graph (reduce_overhead) check the group first: its collectives would run
@@ -781,6 +781,7 @@ KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc) {
     Group& g = group("DataParallel", loc);
     if (!flat.is_contiguous())
         kiln::detail::fail<ValueError>("DataParallel", "a bucket must be one contiguous tensor", loc);
+    if (g.world == 1) return flat;  // the average over one rank: nothing to send
     if (!g.nccl) {
         Tensor f = flat;
         all_reduce_now(g, f, ReduceOp::avg, "DataParallel", loc);
@@ -803,7 +804,7 @@ KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc) {
 
 KILN_DECL Tensor bucket_wait(const Tensor& flat, int id, const Loc& loc) {
     Group& g = group("DataParallel", loc);
-    if (g.nccl)
+    if (g.nccl && g.world > 1)
         cuda::detail::check(cuda::detail::driver().stream_wait_event(cuda::current_stream(g.device.index),
                                                                      g.bucket_events.at(2 * static_cast<std::size_t>(id) + 1), 0),
                             "cuStreamWaitEvent");

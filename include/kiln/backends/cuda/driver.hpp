@@ -89,6 +89,8 @@ enum DeviceAttribute : int {
     X(memset_d16_async, "cuMemsetD16Async", CUresult(CUdeviceptr, unsigned short, std::size_t, CUstream)) \
     X(memset_d32_async, "cuMemsetD32Async", CUresult(CUdeviceptr, unsigned, std::size_t, CUstream))  \
     X(stream_create, "cuStreamCreate", CUresult(CUstream*, unsigned))                                 \
+    X(stream_create_with_priority, "cuStreamCreateWithPriority", CUresult(CUstream*, unsigned, int))  \
+    X(ctx_get_stream_priority_range, "cuCtxGetStreamPriorityRange", CUresult(int*, int*))             \
     X(stream_destroy, "cuStreamDestroy_v2", CUresult(CUstream))                                       \
     X(stream_synchronize, "cuStreamSynchronize", CUresult(CUstream))                                  \
     X(stream_wait_event, "cuStreamWaitEvent", CUresult(CUstream, CUevent, unsigned))                  \
@@ -290,6 +292,15 @@ public:
     explicit Stream(int device = 0) : device_(device) {
         detail::use_device(device);
         detail::check(detail::driver().stream_create(&s_, 0x1), "cuStreamCreate");
+    }
+    /// A stream whose work the device schedules ahead of work of lower priority (the greatest
+    /// priority the device has: communication that the compute stream must not starve of SMs).
+    struct Highest {};
+    Stream(int device, Highest) : device_(device) {
+        detail::use_device(device);
+        int least = 0, greatest = 0;
+        detail::check(detail::driver().ctx_get_stream_priority_range(&least, &greatest), "cuCtxGetStreamPriorityRange");
+        detail::check(detail::driver().stream_create_with_priority(&s_, 0x1, greatest), "cuStreamCreateWithPriority");
     }
     Stream(const Stream&) = delete;
     Stream& operator=(const Stream&) = delete;
