@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/backends/cuda/driver.hpp"  // cuda::capturing, current_stream
 #include "kiln/backends/cuda/index_ops.hpp"
 #include "kiln/core/factories.hpp"
 #include "kiln/ir/library_ops.hpp"
