@@ -202,6 +202,43 @@ TEST_CASE("program files: save and load_program round-trip the graph, specs, con
     (void)message_of<ConstraintError>([&] { (void)back(randn({17, 5, 16})); });
 }
 
+TEST_CASE("export_program: memory the function makes is the program's constant: every call sees its exported value, saved or not") {
+    // a read-modify-write of a slice of memory the function made, and a chain of writes into it
+    // then a whole write read back (test_compile_semantics has the same for kiln::compile): eager
+    // sees zeros on every call, so must the exported program, in memory and loaded from its file,
+    // and its state_dict keeps the exported values
+    auto f = [](const Tensor& b) {
+        Tensor z = zeros({6, 3});
+        z.slice(0, 2, 5).assign(z.slice(0, 2, 5) + b * 2);
+        return z;
+    };
+    auto g = [](const Tensor& b) {
+        Tensor z = zeros({4, 3});
+        z.slice(0, 0, 1).copy_(b.slice(0, 0, 1));
+        z.copy_(Tensor(z + b));
+        return Tensor(z * 1.0);
+    };
+    manual_seed(4);
+    const Tensor b = randn({3, 3}), c = randn({4, 3});
+    const ExportedProgram ef = export_program(f, std::make_tuple(b)), eg = export_program(g, std::make_tuple(c));
+    TempFile ff("fresh_f.kiln"), fg("fresh_g.kiln");
+    ef.save(ff.str());
+    eg.save(fg.str());
+    const ExportedProgram lf = load_program(ff.str()), lg = load_program(fg.str());
+    for (int i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        CHECK(maxdiff(ef(b)[0], f(b)) == 0);
+        CHECK(maxdiff(eg(c)[0], g(c)) == 0);
+        CHECK(maxdiff(lf(b)[0], f(b)) == 0);
+        CHECK(maxdiff(lg(c)[0], g(c)) == 0);
+    }
+    for (const ExportedProgram* p : {&ef, &eg, &lf, &lg})
+        for (const auto& [name, t] : p->state_dict()) {
+            CAPTURE(name);
+            CHECK(maxdiff(t, zeros(t.shape())) == 0);  // the zeros the functions made, untouched
+        }
+}
+
 TEST_CASE("program files: ResNet-18 (conv2d, max_pool2d through the library-op registry) round-trips, folded when frozen") {
     manual_seed(4);
     nn::ResNet18 net(10);

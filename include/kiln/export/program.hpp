@@ -722,6 +722,10 @@ inline Executable ExportedProgram::runner(int device) const {
         n.kind = ir::Kind::constant;
         n.tensor = s.state.at(s.inputs[k].name).to(dev);
         n.index = -1;
+        // a lifted constant (memory the function made or captured, not a parameter or buffer) is
+        // part of the program: every call sees its exported value, so no write goes into it in
+        // place (it would change the next call's result and the program's state_dict)
+        n.fresh = s.inputs[k].kind == TensorSpec::Kind::constant;
     }
     g.inputs.resize(static_cast<std::size_t>(s.user_inputs));
     g = passes::run_pipeline(std::move(g), {}, {.freeze = s.opt.freeze});
