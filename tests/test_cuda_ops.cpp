@@ -387,7 +387,9 @@ TEST_CASE("cuda: products of few rows run on the small kernel and match float64"
     const std::int64_t keep = limit.load();
     limit.store(64);
     struct Case { std::int64_t m, n, k; };
-    const Case cases[] = {{1, 5, 8}, {3, 40, 72}, {8, 2304, 768}, {16, 77, 3072}, {17, 24, 40}, {64, 96, 264}, {33, 9, 16}};
+    // blocks of 8 warps (k up to 768), 16 (k 800; 2056 with 3 row tiles) and 32 (k 1544, 3072)
+    const Case cases[] = {{1, 5, 8},    {3, 40, 72},      {8, 2304, 768}, {16, 77, 3072}, {17, 24, 40},
+                          {64, 96, 264}, {33, 9, 16}, {2, 16, 800}, {40, 24, 2056}, {8, 768, 1544}};
     struct Epi { Act act; bool bias; };
     const Epi epis[] = {{Act::none, false}, {Act::none, true}, {Act::relu, true}, {Act::gelu_tanh, true}, {Act::gelu, true}, {Act::relu, false}};
     for (DType dt : {DType::bf16, DType::f16})
@@ -1036,9 +1038,12 @@ TEST_CASE("cuda: scaled_dot_product_attention in one kernel (rows in f32, tensor
     };
     // BERT's heads at batch 1 and over several tiles; cross attention (Sq != Sk, a partial key
     // tile); head dims padded to 16 (40), the largest (128), and small (8)
-    // tiles (70 rows, 64 keys: two of each in f32); an odd head dim (7: no vector loads)
+    // tiles (70 rows, 64 keys: two of each in f32); an odd head dim (7: no vector loads); short
+    // sequences on tensor cores (a warp per 16 query rows, 16- and 32-key tiles: 8 and 9 keys, 16,
+    // 17 and 19, 32), with query rows past the staged Q of a short key tile (33 rows, 16 keys)
     for (const Case c : {Case{1, 12, 8, 8, 64}, Case{2, 3, 130, 130, 64}, Case{2, 2, 5, 70, 32}, Case{1, 2, 65, 9, 40},
-                         Case{1, 1, 3, 200, 128}, Case{2, 2, 17, 17, 8}, Case{1, 2, 70, 64, 64}, Case{2, 2, 17, 19, 7}})
+                         Case{1, 1, 3, 200, 128}, Case{2, 2, 17, 17, 8}, Case{1, 2, 70, 64, 64}, Case{2, 2, 17, 19, 7},
+                         Case{1, 3, 16, 32, 64}, Case{1, 2, 33, 16, 128}, Case{2, 1, 40, 33, 64}})
         for (DType dt : {DType::f32, DType::f16, DType::bf16})
             for (int kind : {0, 1, 2, 3}) {  // no mask, bool (B, 1, 1, Sk), additive (B, 1, 1, Sk), bool (B, H, Sq, Sk) with a row all masked
                 INFO("B " << c.B << " H " << c.H << " Sq " << c.Sq << " Sk " << c.Sk << " D " << c.D << " " << dtype_name(dt) << " mask kind " << kind);

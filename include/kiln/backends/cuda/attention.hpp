@@ -2,6 +2,7 @@
 // operands it takes, and the launch.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <string>
@@ -68,6 +69,15 @@ inline Tensor run_attention(AttentionSignature s, const Tensor& q, const Tensor&
         for (int d = 0; d < 3; ++d) s.vec = s.vec && (t->stride(d) % w == 0 || t->size(d) == 1);
     }
     const std::int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2);
+    if (s.mma) {
+        // short sequences (a sentence at batch 1): a warp per 16 query rows present, and a key
+        // tile no longer than the keys need, where a 64 x 64 tile would mostly multiply padding
+        s.q_warps = static_cast<int>(std::clamp<std::int64_t>((Sq + 15) / 16, 1, 4));
+        if (const int w = Tuning::get().attn_q_warps; w > 0) s.q_warps = w;  // KILN_CUDA_ATTN_QWARPS
+        s.key_tile = Sk <= 16 ? 16 : Sk <= 32 ? 32 : 0;
+    }
+    const Strides ms = mask.defined() ? kiln::detail::broadcast_strides(mask.shape(), mask.strides(), Shape{B, H, Sq, Sk}) : Strides{0, 0, 0, 0};
+    s.mask_keys = s.mma && mask.defined() && ms[2] == 0;  // the same terms for every query row
     Tensor out(Shape{B, Sq, H, q.size(3)}, q.dtype(), q.device());
     // by signature: the kernel's text is made once
     const CUfunction f = named_function(attention_kernel_name(s), device, [&s](const std::string&) { return attention_kernel(s).source; });
@@ -80,11 +90,11 @@ inline Tensor run_attention(AttentionSignature s, const Tensor& q, const Tensor&
     for (std::int64_t n : {B, H, Sq, Sk}) a.add(n);
     for (const Tensor* t : {&q, &k, &v})
         for (int d = 0; d < 4; ++d) a.add(t->stride(d));
-    const Strides ms = mask.defined() ? kiln::detail::broadcast_strides(mask.shape(), mask.strides(), Shape{B, H, Sq, Sk}) : Strides{0, 0, 0, 0};
     for (int d = 0; d < 4; ++d) a.add(ms[static_cast<std::size_t>(d)]);
     a.add(std::bit_cast<std::int64_t>(scale));
-    const std::int64_t blocks = (Sq + 63) / 64 * H * B;
-    launch(f, static_cast<unsigned>(blocks), s.mma ? 128u : 64u, 0, current_stream(device), a.finish());
+    const std::int64_t rows = s.mma ? 16 * s.q_warps : 64;  // query rows per block
+    const std::int64_t blocks = (Sq + rows - 1) / rows * H * B;
+    launch(f, static_cast<unsigned>(blocks), static_cast<unsigned>(s.mma ? 32 * s.q_warps : 64), 0, current_stream(device), a.finish());
     return out;
 }
 

@@ -112,6 +112,7 @@ struct Tuning {
     bool combo = true;
     bool merge_reductions = true;  // fuse::Limits::merge_reductions
     bool recompute = true;         // fuse::Limits::recompute
+    int attn_q_warps = 0;          // tensor-core attention's query warps per block: 0 lets attention.hpp decide
     static const Tuning& get() {
         static const Tuning t = [] {
             Tuning r;
@@ -122,6 +123,7 @@ struct Tuning {
             if (const char* e = std::getenv("KILN_CUDA_COMBO")) r.combo = std::atoi(e) != 0;
             if (const char* e = std::getenv("KILN_CUDA_MERGE_REDUCTIONS")) r.merge_reductions = std::atoi(e) != 0;
             if (const char* e = std::getenv("KILN_CUDA_RECOMPUTE")) r.recompute = std::atoi(e) != 0;
+            if (const char* e = std::getenv("KILN_CUDA_ATTN_QWARPS")) r.attn_q_warps = std::clamp(std::atoi(e), 0, 4);
             if (const char* e = std::getenv("KILN_CUDA_ROW_LANES")) {
                 const int v = std::atoi(e);
                 r.row_lanes = v <= 0 ? 0 : static_cast<int>(std::bit_floor(static_cast<unsigned>(std::min(v, 32))));

@@ -282,9 +282,19 @@ struct AttentionSignature {
     /// q, k and v are read in 16-byte vectors: unit stride along D, the other strides and the
     /// addresses multiples of 16 bytes, D a multiple of the vector
     bool vec = false;
+    /// mma: warps of 16 query rows per block (1..4; fewer for short queries: a sentence of 8
+    /// tokens fills one warp), and keys per tile (0: 64, 32 for D > 64; 16 or 32 for short key
+    /// sequences, which a 64-key tile would mostly pad). attention_shape picks them.
+    int q_warps = 4;
+    int key_tile = 0;
+    /// mma: the mask broadcasts over query rows (BERT's padding mask, (B, 1, 1, Sk)): its terms
+    /// are read once per key tile into shared memory with the tile, not per (row, key)
+    bool mask_keys = false;
     std::string key() const {
         return std::string(dtype_name(dtype)) + "_d" + std::to_string(head_dim) + "_m" + std::to_string(mask) +
-               (mask == 2 ? std::string(dtype_name(mask_dtype)) : std::string()) + (mma ? "_mma" : "_rows") + (vec ? "_v" : "");
+               (mask == 2 ? std::string(dtype_name(mask_dtype)) : std::string()) + (mma ? "_mma" : "_rows") + (vec ? "_v" : "") +
+               (q_warps != 4 ? "_w" + std::to_string(q_warps) : std::string()) + (key_tile ? "_kt" + std::to_string(key_tile) : std::string()) +
+               (mma && mask != 0 && mask_keys ? "_mk" : "");
     }
 };
 
@@ -334,8 +344,10 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
         "long long B, long long H, long long Sq, long long Sk, long long qb, long long qh, long long qs, long long qd, "
         "long long kb, long long kh, long long ks, long long kd, long long vb, long long vh, long long vs, long long vd, "
         "long long mb, long long mh, long long mq, long long mk, double scale_)";
+    const int R = s.mma ? 16 * s.q_warps : 64, NT = s.mma ? 32 * s.q_warps : 64;  // query rows and threads per block
+    const std::string Rs = std::to_string(R), NTs = std::to_string(NT);
     const std::string head =
-        "  const long long tiles = (Sq + 63) / 64, bid = blockIdx.x, tile = bid % tiles, h = (bid / tiles) % H, b = bid / (tiles * H);\n"
+        "  const long long tiles = (Sq + " + std::to_string(R - 1) + ") / " + Rs + ", bid = blockIdx.x, tile = bid % tiles, h = (bid / tiles) % H, b = bid / (tiles * H);\n"
         "  const float scale = (float)scale_;\n"
         "  const float NEG = -__int_as_float(0x7f800000);\n"
         "  const T* qp = q + b * qb + h * qh; const T* kp = kk + b * kb + h * kh; const T* vp = v + b * vb + h * vh;\n";
@@ -416,42 +428,50 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
         k.source = src;
         return k;
     }
-    // tensor cores, as FlashAttention-2 does: 4 warps x 16 query rows; per tile of KT keys, S = Q K^T
+    // tensor cores, as FlashAttention-2 does: q_warps warps x 16 query rows; per tile of KT keys, S = Q K^T
     // by m16n8k16 MMAs (f32 accumulators), the running max and sum per row (a row's columns sit in
     // the 4 threads of a quad), then P (its accumulator registers are the A operand's layout,
     // rounded to T) times V (row-major in shared memory, its B fragments read by ldmatrix.trans)
     // into the output accumulators. Q, K and V reach shared memory by cp.async where 16-byte
     // vectors fit (s.vec), the next tile's copies in flight while this tile is multiplied (two
-    // buffers); Q is staged in the second buffer before the first tile needs it.
-    const int DP = (D + 15) / 16 * 16, KT = DP <= 64 ? 64 : 32;
+    // buffers); Q is staged in the second buffer (and past it, where a short key tile leaves it
+    // smaller than the block's query rows) before the first tile needs it.
+    const int DP = (D + 15) / 16 * 16, KT = s.key_tile ? s.key_tile : DP <= 64 ? 64 : 32;
     const std::string Ds = std::to_string(D), DPs = std::to_string(DP), KTs = std::to_string(KT);
     const std::string mma = std::string("mma.sync.aligned.m16n8k16.row.col.f32.") + (s.dtype == DType::bf16 ? "bf16.bf16" : "f16.f16") + ".f32";
     // one buffer's tile of keys k0.. (K and V, rows past Sk and columns past D zero): cp.async
     // (zero-filled where src-size is 0) or element loads
     const std::string load_tile =
-        s.vec ? "  for (int i = threadIdx.x; i < KT * (DP / 8); i += 128) {\n"
+        s.vec ? "  for (int i = threadIdx.x; i < KT * (DP / 8); i += " + NTs + ") {\n"
                 "    const int j = i / (DP / 8), c = (i - j * (DP / 8)) * 8;\n"
                 "    const long long key = k0 + j; const bool ok = key < Sk && c < D;\n"
                 "    const long long kr = ok ? key : 0; const int cc = ok ? c : 0;\n"
                 "    cp16(&Kb[j * KS + c], kp + kr * ks + cc, ok ? 16 : 0);\n"
                 "    cp16(&Vb[j * KS + c], vp + kr * vs + cc, ok ? 16 : 0);\n"
                 "  }\n"
-              : "  for (int i = threadIdx.x; i < KT * DP; i += 128) {\n"
+              : "  for (int i = threadIdx.x; i < KT * DP; i += " + NTs + ") {\n"
                 "    const int j = i / DP, d = i - j * DP; const long long key = k0 + j; const bool ok = key < Sk && d < D;\n"
                 "    Kb[j * KS + d] = ok ? kp[key * ks + d * kd] : (unsigned short)0;\n"
                 "    Vb[j * KS + d] = ok ? vp[key * vs + d * vd] : (unsigned short)0;\n"
                 "  }\n";
+    // and the tile's key terms (log2 units, as the scores): -inf past Sk, else the mask's term where
+    // it broadcasts over query rows (mask_keys), else 0
+    const bool key_mask = s.mask != 0 && s.mask_keys;
+    const std::string key_term = !key_mask ? std::string("0.f") : s.mask == 1 ? "(mkp[key * mk] ? 0.f : NEG)" : "ldm(mkp[key * mk]) * LOG2E";
+    const std::string load_terms = "  const float NEG = -__int_as_float(0x7f800000), LOG2E = 1.4426950408889634f;\n"
+                                   "  for (int j = threadIdx.x; j < KT; j += " + NTs + ") { const long long key = k0 + j; Mb[j] = key < Sk ? " + key_term + " : NEG; }\n";
     // the mask's two rows of this thread (g and g + 8 of its warp's 16, clamped to Sq) found once:
     // per (row, key) only the key's offset remains
     const std::string mask_rows =
-        s.mask == 0 ? std::string()
+        s.mask == 0 || key_mask ? std::string()
                     : "  const long long mq0 = q0 + warp * 16 + g, mq1 = mq0 + 8;\n"
                       "  const M* mr0 = mask + b * mb + h * mh + (mq0 < Sq ? mq0 : Sq - 1) * mq;\n"
                       "  const M* mr1 = mask + b * mb + h * mh + (mq1 < Sq ? mq1 : Sq - 1) * mq;\n";
-    const std::string mma_mask_term =
-        s.mask == 0 ? std::string("0.f")
-                    : std::string(s.mask == 1 ? "((e >= 2 ? mr1 : mr0)" : "ldm((e >= 2 ? mr1 : mr0)") +
-                          "[(key < Sk ? key : Sk - 1) * mk]" + (s.mask == 1 ? " ? 0.f : NEG)" : ")");
+    const std::string mma_mask_term =  // a mask that varies over query rows: its term per (row, key), in log2 units
+        s.mask == 0 || key_mask ? std::string("0.f")
+                                : std::string(s.mask == 1 ? "((e >= 2 ? mr1 : mr0)" : "LOG2E * ldm((e >= 2 ? mr1 : mr0)") +
+                                      "[(key < Sk ? key : Sk - 1) * mk]" + (s.mask == 1 ? " ? 0.f : NEG)" : ")");
+    const bool row_mask = s.mask != 0 && !key_mask;
     src += "__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {\n"
            "  asm volatile(\"" + mma + " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
            "               : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3]) : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
@@ -459,34 +479,42 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
            "__device__ __forceinline__ void cp16(void* dst, const void* src, int bytes) {\n"
            "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"((unsigned)__cvta_generic_to_shared(dst)), \"l\"(src), \"r\"(bytes));\n"
            "}\n"
+           "__device__ __forceinline__ float ex2(float x) { float r; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(r) : \"f\"(x)); return r; }\n"
            "__device__ __forceinline__ void cp_wait() { asm volatile(\"cp.async.commit_group;\\ncp.async.wait_group 0;\\n\" ::: \"memory\"); }\n"
+           "__device__ __forceinline__ void ldsm4(const unsigned short* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {\n"
+           "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+           "               : \"=r\"(r0), \"=r\"(r1), \"=r\"(r2), \"=r\"(r3) : \"r\"((unsigned)__cvta_generic_to_shared(p)));\n"
+           "}\n"
            "__device__ __forceinline__ void ldsm_t4(const unsigned short* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {\n"
            "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
            "               : \"=r\"(r0), \"=r\"(r1), \"=r\"(r2), \"=r\"(r3) : \"r\"((unsigned)__cvta_generic_to_shared(p)));\n"
            "}\n"
            "template <int KT, int DP, int D, int KS>\n"
-           "__device__ __forceinline__ void load_tile(unsigned short* Kb, unsigned short* Vb, const T* kp, const T* vp, long long k0, long long Sk,\n"
-           "                                          long long ks, long long kd, long long vs, long long vd) {\n" + load_tile +
-           "}\n"
-           "extern \"C\" __global__ void __launch_bounds__(128) " + k.name + params + " {\n" + head +
-           "  constexpr int D = " + Ds + ", DP = " + DPs + ", KT = " + KTs + ", KS = DP + 8;\n"
-           "  // K0, V0, K1, V1: two buffers of a key tile each; Q (64 rows) staged in K1 and V1 first\n"
-           "  __shared__ __align__(16) unsigned short sm[4 * KT * KS];\n"
+           "__device__ __forceinline__ void load_tile(unsigned short* Kb, unsigned short* Vb, float* Mb, const T* kp, const T* vp, const M* mkp,\n"
+           "                                          long long k0, long long Sk, long long ks, long long kd, long long vs, long long vd, long long mk) {\n" +
+           load_tile + load_terms + "}\n"
+           "extern \"C\" __global__ void __launch_bounds__(" + NTs + ") " + k.name + params + " {\n" + head +
+           "  constexpr int D = " + Ds + ", DP = " + DPs + ", KT = " + KTs + ", KS = DP + 8, R = " + Rs + ";\n"
+           "  // K0, V0, K1, V1: two buffers of a key tile each; Q (R rows) staged from K1 on first\n"
+           "  __shared__ __align__(16) unsigned short sm[(2 * KT + (2 * KT > R ? 2 * KT : R)) * KS];\n"
+           "  __shared__ __align__(16) float ms[2][KT];  // the two tiles' key terms\n"
+           "  const float scale2 = (float)(scale_ * 1.4426950408889634), LOG2E = 1.4426950408889634f;  // scores in log2 units: ex2\n"
+           "  const M* mkp = " + std::string(key_mask ? "mask + b * mb + h * mh" : "nullptr") + ";\n"
            "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-           "  const long long q0 = tile * 64;\n" + mask_rows +
+           "  const long long q0 = tile * R;\n" + mask_rows +
            "  {\n"
            "    unsigned short* Qs = sm + 2 * KT * KS;\n" +
-           (s.vec ? "    for (int i = threadIdx.x; i < 64 * (DP / 8); i += 128) {\n"
+           (s.vec ? "    for (int i = threadIdx.x; i < R * (DP / 8); i += " + NTs + ") {\n"
                     "      const int r = i / (DP / 8), c = (i - r * (DP / 8)) * 8;\n"
                     "      const long long row = q0 + r; const bool ok = row < Sq && c < D;\n"
                     "      cp16(&Qs[r * KS + c], qp + (ok ? row : 0) * qs + (ok ? c : 0), ok ? 16 : 0);\n"
                     "    }\n"
-                  : "    for (int i = threadIdx.x; i < 64 * DP; i += 128) {\n"
+                  : "    for (int i = threadIdx.x; i < R * DP; i += " + NTs + ") {\n"
                     "      const int r = i / DP, d = i - r * DP; const long long row = q0 + r;\n"
                     "      Qs[r * KS + d] = row < Sq && d < D ? qp[row * qs + d * qd] : (unsigned short)0;\n"
                     "    }\n") +
            "  }\n"
-           "  load_tile<KT, DP, D, KS>(sm, sm + KT * KS, kp, vp, 0, Sk, ks, kd, vs, vd);\n"
+           "  load_tile<KT, DP, D, KS>(sm, sm + KT * KS, ms[0], kp, vp, mkp, 0, Sk, ks, kd, vs, vd, mk);\n"
            "  cp_wait();\n"
            "  __syncthreads();\n"
            "  unsigned qa[DP / 16][4];\n"
@@ -510,34 +538,39 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
            "    const bool more = k0 + KT < Sk;\n"
            "    if (more) {\n"
            "      unsigned short* Kn = sm + ((it + 1) & 1) * 2 * KT * KS;\n"
-           "      load_tile<KT, DP, D, KS>(Kn, Kn + KT * KS, kp, vp, k0 + KT, Sk, ks, kd, vs, vd);\n"
+           "      load_tile<KT, DP, D, KS>(Kn, Kn + KT * KS, ms[(it + 1) & 1], kp, vp, mkp, k0 + KT, Sk, ks, kd, vs, vd, mk);\n"
            "    }\n"
-           "    float sc[KT / 8][4], mvs[KT / 8][4];\n"
-           "    #pragma unroll\n"
-           "    for (int n = 0; n < KT / 8; ++n)\n"
-           "      #pragma unroll\n"
-           "      for (int e = 0; e < 4; ++e) {\n"
-           "        const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t + (e & 1);\n"
-           "        mvs[n][e] = " + mma_mask_term + ";\n"
-           "      }\n"
+           "    float sc[KT / 8][4];\n" +
+           (row_mask ? "    float mvs[KT / 8][4];\n"
+                       "    #pragma unroll\n"
+                       "    for (int n = 0; n < KT / 8; ++n)\n"
+                       "      #pragma unroll\n"
+                       "      for (int e = 0; e < 4; ++e) {\n"
+                       "        const long long key = k0 + n * 8 + 2 * t + (e & 1);\n"
+                       "        mvs[n][e] = " + mma_mask_term + ";\n"
+                       "      }\n"
+                     : "") +
            "    #pragma unroll\n"
            "    for (int n = 0; n < KT / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;\n"
            "    #pragma unroll\n"
            "    for (int c = 0; c < DP / 16; ++c)\n"
            "      #pragma unroll\n"
-           "      for (int n = 0; n < KT / 8; ++n) {\n"
-           "        const unsigned short* kr = &Kb[(n * 8 + g) * KS + c * 16 + 2 * t];\n"
-           "        mma(sc[n], qa[c], *(const unsigned*)kr, *(const unsigned*)(kr + 8));\n"
+           "      for (int n = 0; n < KT / 8; n += 2) {\n"
+           "        // lane l gives the address of key (n + l/16)*8 + l%8, columns c*16 + (l/8 % 2)*8..: the\n"
+           "        // B fragments of key blocks n and n + 1 in one ldmatrix\n"
+           "        unsigned b0, b1, b2, b3;\n"
+           "        ldsm4(&Kb[((n + (lane >> 4)) * 8 + (lane & 7)) * KS + c * 16 + ((lane >> 3) & 1) * 8], b0, b1, b2, b3);\n"
+           "        mma(sc[n], qa[c], b0, b1);\n"
+           "        mma(sc[n + 1], qa[c], b2, b3);\n"
            "      }\n"
+           "    const float* Mt = ms[it & 1];\n"
            "    #pragma unroll\n"
-           "    for (int n = 0; n < KT / 8; ++n)\n"
-           "      #pragma unroll\n"
-           "      for (int e = 0; e < 4; ++e) {\n"
-           "        const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t + (e & 1);\n"
-           "        float x = sc[n][e];\n"
-           "        const float mv = mvs[n][e];\n" + score +
-           "        sc[n][e] = x;\n"
-           "      }\n"
+           "    for (int n = 0; n < KT / 8; ++n) {\n"
+           "      const float2 kt = *(const float2*)&Mt[n * 8 + 2 * t];  // keys 2t and 2t + 1 of the 8\n"
+           "      sc[n][0] = fmaf(sc[n][0], scale2, kt.x); sc[n][1] = fmaf(sc[n][1], scale2, kt.y);\n"
+           "      sc[n][2] = fmaf(sc[n][2], scale2, kt.x); sc[n][3] = fmaf(sc[n][3], scale2, kt.y);\n" +
+           (row_mask ? "      sc[n][0] += mvs[n][0]; sc[n][1] += mvs[n][1]; sc[n][2] += mvs[n][2]; sc[n][3] += mvs[n][3];\n" : "") +
+           "    }\n"
            "    #pragma unroll\n"
            "    for (int r = 0; r < 2; ++r) {\n"
            "      float mx = NEG;\n"
@@ -545,13 +578,13 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
            "      for (int n = 0; n < KT / 8; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));\n"
            "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
            "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
-           "      const float mn = fmaxf(m[r], mx), mu = mn == NEG ? 0.f : mn, corr = __expf(m[r] - mu);\n"
+           "      const float mn = fmaxf(m[r], mx), mu = mn == NEG ? 0.f : mn, corr = ex2(m[r] - mu);\n"
            "      m[r] = mn; l[r] *= corr;\n"
            "      #pragma unroll\n"
            "      for (int n = 0; n < DP / 8; ++n) { o[n][2 * r] *= corr; o[n][2 * r + 1] *= corr; }\n"
            "      #pragma unroll\n"
            "      for (int n = 0; n < KT / 8; ++n) {\n"
-           "        sc[n][2 * r] = __expf(sc[n][2 * r] - mu); sc[n][2 * r + 1] = __expf(sc[n][2 * r + 1] - mu);\n"
+           "        sc[n][2 * r] = ex2(sc[n][2 * r] - mu); sc[n][2 * r + 1] = ex2(sc[n][2 * r + 1] - mu);\n"
            "        l[r] += sc[n][2 * r] + sc[n][2 * r + 1];\n"
            "      }\n"
            "    }\n"
@@ -580,13 +613,19 @@ inline KernelText attention_kernel(const AttentionSignature& s) {
            "    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);\n"
            "  }\n"
            "  #pragma unroll\n"
-           "  for (int n = 0; n < DP / 8; ++n)\n"
+           "  for (int r = 0; r < 2; ++r) {\n"
+           "    const long long row = q0 + warp * 16 + g + 8 * r;\n"
+           "    if (row >= Sq) continue;\n"
+           "    T* orow = out + ((b * Sq + row) * H + h) * D;\n"
+           "    const float inv = 1.f / l[r];\n"
            "    #pragma unroll\n"
-           "    for (int e = 0; e < 4; ++e) {\n"
-           "      const long long row = q0 + warp * 16 + g + (e >= 2 ? 8 : 0);\n"
-           "      const int d = n * 8 + 2 * t + (e & 1);\n"
-           "      if (row < Sq && d < D) out[((b * Sq + row) * H + h) * D + d] = st(o[n][e] / l[e >> 1]);\n"
+           "    for (int n = 0; n < DP / 8; ++n) {\n"
+           "      const int d = n * 8 + 2 * t;\n" +
+           (D % 2 == 0 ? "      if (d < D) *(unsigned*)&orow[d] = pack2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);  // two columns, 4 bytes\n"
+                       : "      if (d < D) orow[d] = st(o[n][2 * r] * inv);\n"
+                         "      if (d + 1 < D) orow[d + 1] = st(o[n][2 * r + 1] * inv);\n") +
            "    }\n"
+           "  }\n"
            "}\n";
     k.source = src;
     return k;
@@ -627,6 +666,14 @@ inline std::vector<KernelText> library_kernel_sources() {
     out.push_back(attention_kernel({DType::bf16, 32, 1, DType::f32, false, true}));
     out.push_back(attention_kernel({DType::bf16, 64, 2, DType::f32, true, true}));
     out.push_back(attention_kernel({DType::f16, 40, 0, DType::f32, true, true}));
+    // short sequences: one query warp and 16 keys (a sentence at batch 1), two and 32; a 16-key tile with D = 128
+    out.push_back(attention_kernel({DType::bf16, 64, 1, DType::f32, true, true, 1, 16}));
+    out.push_back(attention_kernel({DType::f16, 64, 2, DType::f16, true, true, 2, 32}));
+    out.push_back(attention_kernel({DType::bf16, 128, 0, DType::f32, true, false, 3, 16}));
+    // masks that broadcast over query rows (their terms per key tile in shared memory), bool and additive, odd D
+    out.push_back(attention_kernel({DType::bf16, 64, 1, DType::f32, true, true, 4, 0, true}));
+    out.push_back(attention_kernel({DType::f16, 40, 2, DType::f32, true, true, 1, 16, true}));
+    out.push_back(attention_kernel({DType::bf16, 7, 2, DType::bf16, true, false, 2, 32, true}));
     // small products: each activation with a bias, and each row-tile count, in both dtypes
     for (DType d : {DType::bf16, DType::f16}) {
         for (const ActInfo& a : act_table) {
@@ -637,6 +684,10 @@ inline std::vector<KernelText> library_kernel_sources() {
             const SmallGemmSignature s{d, mt, Epilogue{}};
             out.push_back({small_gemm_name(s), small_gemm_source(s, small_gemm_name(s))});
         }
+        // more warps for a long k: the most shared memory (32 warps of 2 tiles, 16 of 4)
+        for (const SmallGemmSignature& s : {SmallGemmSignature{d, 2, Epilogue{Act::gelu, true}, 32}, SmallGemmSignature{d, 4, Epilogue{}, 16},
+                                            SmallGemmSignature{d, 1, Epilogue{}, 16}})
+            out.push_back({small_gemm_name(s), small_gemm_source(s, small_gemm_name(s))});
     }
     // the exact gelu after a cuBLASLt product, in each dtype cuBLASLt computes
     for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16})

@@ -26,16 +26,28 @@
 
 namespace kiln::cuda::detail {
 
-/// What a small-GEMM kernel's text depends on: the dtype (f16, bf16), tiles of 16 rows (1..4) and
-/// the epilogue.
+/// What a small-GEMM kernel's text depends on: the dtype (f16, bf16), tiles of 16 rows (1..4), the
+/// epilogue, and the warps of a block (8, 16 or 32: small_gemm_warps).
 struct SmallGemmSignature {
     DType dtype = DType::bf16;
     int mtiles = 1;
     Epilogue epilogue{};
+    int warps = 8;
     std::string key() const {
-        return std::string(dtype_name(dtype)) + "_mt" + std::to_string(mtiles) + "_" + epilogue_name(epilogue);
+        return std::string(dtype_name(dtype)) + "_mt" + std::to_string(mtiles) + "_" + epilogue_name(epilogue) +
+               (warps != 8 ? "_w" + std::to_string(warps) : std::string());
     }
 };
+
+/// The warps of a block for a product over k with `mtiles` tiles of 16 rows: one per 3 pieces of
+/// 32 k's, from 8 up to 32 (16 with 3 or 4 tiles: the partial sums' shared memory). A block has
+/// only 8 columns, so a long k (bert-base's 3072 -> 768 at 8 tokens: 96 blocks of 96 pieces) is
+/// otherwise a long chain of loads in few warps per multiprocessor.
+inline int small_gemm_warps(std::int64_t k, int mtiles) {
+    const std::int64_t pieces = (k + 31) / 32;
+    const int w = pieces <= 24 ? 8 : pieces <= 48 ? 16 : 32;
+    return std::min(w, mtiles <= 2 ? 32 : 16);
+}
 
 /// The largest m the small kernel takes: KILN_CUDA_SMALL_GEMM_M at start-up (0 turns it off; at
 /// most 64), else 16. Settable (the bench compares both paths in one process).
@@ -108,8 +120,8 @@ inline std::string act_pass_source(DType dtype, Act a, const std::string& name) 
 inline std::string act_pass_name(DType dtype, Act a) { return "kiln_act_pass_" + std::string(dtype_name(dtype)) + "_" + std::string(act_name(a)); }
 
 /// C (m, n) row-major = act(A (m, k) row-major @ B + bias), B column-major: element (k, n) at
-/// W[n * ldw + k], i.e. the rows of W (n, k) are B's columns. Block = 8 warps and 8 columns of C;
-/// each warp takes every 8th 32-long piece of k and multiplies it by m16n8k16 MMAs (f32
+/// W[n * ldw + k], i.e. the rows of W (n, k) are B's columns. Block = s.warps warps and 8 columns
+/// of C; each warp takes every s.warps-th 32-long piece of k and multiplies it by m16n8k16 MMAs (f32
 /// accumulators), a lane's 16-byte loads of A and of W holding the same 8 k's (the MMA sums over
 /// k, so the lanes' k's may be any permutation shared by both operands); the warps' partial sums
 /// meet in shared memory, where the epilogue adds the bias, applies the activation and rounds.
@@ -123,10 +135,10 @@ inline std::string small_gemm_source(const SmallGemmSignature& s, const std::str
            "               : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3]) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n"
            "}\n";
     const std::string act = act_statement(s.epilogue.act, "float");
-    src += "extern \"C\" __global__ void __launch_bounds__(256) " + name +
+    src += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(32 * s.warps) + ") " + name +
            "(const T* __restrict__ A, const T* __restrict__ W, T* __restrict__ C, const T* __restrict__ bias,\n"
            "    long long M, long long N, long long K, long long lda, long long ldw, long long ldc) {\n"
-           "  constexpr int WARPS = 8, U = 8, MT = " + std::to_string(s.mtiles) + ";\n"
+           "  constexpr int WARPS = " + std::to_string(s.warps) + ", U = 8, MT = " + std::to_string(s.mtiles) + ";\n"
            "  __shared__ float red[WARPS][MT * 16][9];\n"
            "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
            "  const long long n0 = (long long)blockIdx.x * 8, n = n0 + g;\n"
@@ -219,12 +231,13 @@ CUfunction named_function(const std::string& name, int device, MakeSource&& make
 /// Queues the small kernel for p (small_gemm_takes) on `stream`: C = epilogue(A @ B (+ bias)).
 inline void run_small_gemm(const GemmProblem& p, const void* a, const void* b, void* c, const void* bias, int device,
                            CUstream stream) {
-    const SmallGemmSignature s{p.dtype, static_cast<int>((p.m + 15) / 16), p.epilogue};
+    const int mtiles = static_cast<int>((p.m + 15) / 16);
+    const SmallGemmSignature s{p.dtype, mtiles, p.epilogue, small_gemm_warps(p.k, mtiles)};
     const CUfunction f = named_function(small_gemm_name(s), device, [&](const std::string& name) { return small_gemm_source(s, name); });
     std::int64_t m = p.m, n = p.n, k = p.k, lda = p.a.ld, ldw = p.b.ld, ldc = p.c.ld;
     const void* bias_ptr = bias;
     void* args[] = {&a, &b, &c, &bias_ptr, &m, &n, &k, &lda, &ldw, &ldc};
-    launch(f, static_cast<unsigned>((p.n + 7) / 8), 256, 0, stream, args);
+    launch(f, static_cast<unsigned>((p.n + 7) / 8), static_cast<unsigned>(32 * s.warps), 0, stream, args);
     small_gemm_launches().fetch_add(1, std::memory_order_relaxed);
 }
 
