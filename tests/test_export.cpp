@@ -467,6 +467,45 @@ TEST_CASE("onnx: the MLP, the BERT layer and ResNet-18 with a dynamic batch pass
     write_case("resnet18", resnet, {{kiln::randn({1, 3, 32, 32})}, {kiln::randn({3, 3, 32, 32})}});
 }
 
+TEST_CASE("onnx: softmax, log_softmax and layer_norm are written as one ONNX op each") {
+    kiln::manual_seed(5);
+    const Tensor w = kiln::randn({8}), b = kiln::randn({8}), w2 = kiln::randn({3, 8});
+    // the softmaxes share their max and sum (the graph's CSE); layer norms with weight and bias, a
+    // weight only, none (ONNX's Scale is ones), and over the last two dims; a softmax written by
+    // hand over the wrong axis for its sum is not one and stays op by op
+    auto f = [&](const Tensor& x) {
+        const Tensor m = kiln::max(x, {2}, true);
+        const Tensor not_softmax = Tensor(kiln::exp(x - m) / kiln::sum(kiln::exp(x - m), {1}, true));
+        return std::vector<Tensor>{kiln::layer_norm(x, 1, w, b, 1e-5), kiln::softmax(x, -1), kiln::log_softmax(x, 2),
+                                   kiln::layer_norm(x, 1, w), kiln::layer_norm(x, 1, {}, {}, 1e-3), kiln::layer_norm(x, 2, w2),
+                                   not_softmax};
+    };
+    const ExportedProgram ep = export_program(f, std::make_tuple(kiln::randn({2, 3, 8})), {{{0, Dim("batch", 1, 16)}}},
+                                              {.parameters = {{"w", w}, {"b", b}, {"w2", w2}}});
+    const ::onnx::ModelProto m = kiln::onnx::to_model_proto(ep);
+    std::map<std::string, int> ops;
+    for (const auto& n : m.graph().node()) ++ops[n.op_type()];
+    CHECK(ops["Softmax"] == 1);
+    CHECK(ops["LogSoftmax"] == 1);
+    CHECK(ops["LayerNormalization"] == 4);
+    CHECK(ops["Sqrt"] == 0);       // no layer norm left op by op (rsqrt is Reciprocal(Sqrt))
+    CHECK(ops["ReduceMax"] == 1);  // the hand-written one's
+    CHECK(ops["Exp"] >= 1);
+    for (const auto& n : m.graph().node())
+        if (n.op_type() == "LayerNormalization")
+            for (const auto& a : n.attribute())
+                if (a.name() == "epsilon") CHECK((std::abs(a.f() - 1e-5f) < 1e-9f || std::abs(a.f() - 1e-3f) < 1e-9f));
+    write_case("composites", ep, {{kiln::randn({1, 3, 8})}, {kiln::randn({5, 3, 8})}});
+    // the BERT layer's two layer norms (its softmax is inside attention's mapping)
+    const nn::BertLayer layer(32, 4, 64);
+    const ExportedProgram bert = export_program([&](const Tensor& x) { return layer(x); }, std::make_tuple(kiln::randn({2, 6, 32})), {},
+                                                {.parameters = nn::named_parameters(const_cast<nn::BertLayer&>(layer))});
+    int lns = 0;
+    const ::onnx::ModelProto bm = kiln::onnx::to_model_proto(bert);
+    for (const auto& n : bm.graph().node()) lns += n.op_type() == "LayerNormalization";
+    CHECK(lns == 2);
+}
+
 TEST_CASE("onnx: every table op, casts, reductions, views and matmul") {
     kiln::manual_seed(12);
     auto f = [](const Tensor& x, const Tensor& y, const Tensor& n) {

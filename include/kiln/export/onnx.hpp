@@ -8,6 +8,7 @@
 #include "kiln/export/onnx_proto.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +43,137 @@ inline int elem_type(DType d) {
     return 0;
 }
 
+/// A composite found in the canonical graph and written as one ONNX op (softmax, log_softmax and
+/// layer_norm are traced as the ops they are made of): its root node, operand and attributes.
+struct Composite {
+    enum class Kind { none, softmax, log_softmax, layer_norm } kind = Kind::none;
+    int x = -1, scale = -1, bias = -1;  ///< the operand; layer_norm's weight and bias (-1: none)
+    std::int64_t axis = 0;              ///< the softmaxes' axis; layer_norm's first normalized axis
+    double eps = 0;
+};
+
+/// The composites of g by root node: softmax = div(e, sum(e)), log_softmax = sub(x, add(log(sum(e)),
+/// m)), e = exp(sub(x, m)), m = max(x) over one axis; layer_norm = [add(][mul(]mul(c, rsqrt(add(
+/// mean(mul(c, c)), eps))) [, w)][, b)], c = sub(x, mean(x)) over trailing axes. Matched on structure
+/// only (kiln's own composites as traced), one floating dtype throughout (f32 or f64; f32 for
+/// layer_norm), kept dims; anything else is written op by op.
+inline std::vector<Composite> find_composites(const ir::Graph& g) {
+    std::vector<Composite> out(static_cast<std::size_t>(g.size()));
+    auto ew = [&](int id, ops::OpId op) { return id >= 0 && g[id].kind == ir::Kind::elementwise && g[id].op == op; };
+    auto operand = [&](int id, int k) { return g[id].in[static_cast<std::size_t>(k)]; };
+    auto same_t = [&](int a, int b) { return g[a].dtype == g[b].dtype; };
+    auto floating = [&](int id) { return g[id].dtype == DType::f32 || g[id].dtype == DType::f64; };
+    // a keepdim reduction of kind rk over x
+    auto red = [&](int id, ir::ReduceKind rk, int x) {
+        return id >= 0 && g[id].kind == ir::Kind::reduce && g[id].rkind == rk && g[id].keepdim && operand(id, 0) == x &&
+               (rk != ir::ReduceKind::mean || g[id].correction == 0) && same_t(id, x);
+    };
+    auto single_axis = [](unsigned mask) { return mask != 0 && (mask & (mask - 1)) == 0; };
+    auto axis_of = [](unsigned mask) { std::int64_t a = 0; while (!((mask >> a) & 1u)) ++a; return a; };
+    // e = exp(sub(x, m)), m = max(x) over one axis: x and m, or false
+    auto shifted_exp = [&](int e, int& x, int& m) {
+        if (!ew(e, ops::op_id<ops::Exp>) || !ew(operand(e, 0), ops::op_id<ops::Sub>)) return false;
+        const int d = operand(e, 0);
+        x = operand(d, 0);
+        m = operand(d, 1);
+        return floating(x) && same_t(e, x) && same_t(d, x) && red(m, ir::ReduceKind::max, x) && single_axis(g[m].mask);
+    };
+    // s = sum(exp(sub(x, m))) over m's axis
+    auto exp_sum = [&](int s, int x, int m) {
+        int x2 = -1, m2 = -1;
+        return s >= 0 && g[s].kind == ir::Kind::reduce && g[s].rkind == ir::ReduceKind::sum && g[s].keepdim && g[s].mask == g[m].mask &&
+               shifted_exp(operand(s, 0), x2, m2) && x2 == x && m2 == m && same_t(s, x);
+    };
+    // the layer norm core mul(c, rsqrt(add(mean(mul(c, c)), eps))) (either operand order of mul / add): x, mask, eps
+    auto ln_core = [&](int id, int& x, unsigned& mask, double& eps) {
+        if (!ew(id, ops::op_id<ops::Mul>)) return false;
+        for (int side = 0; side < 2; ++side) {
+            const int c = operand(id, side), r = operand(id, 1 - side);
+            if (!ew(c, ops::op_id<ops::Sub>) || !ew(r, ops::op_id<ops::Rsqrt>)) continue;
+            x = operand(c, 0);
+            const int mu = operand(c, 1);
+            // f32 only: LayerNormalization's epsilon is a float attribute and its statistics are
+            // kept in float (stash_type): an f64 layer norm stays op by op
+            if (g[x].dtype != DType::f32 || !same_t(id, x) || !red(mu, ir::ReduceKind::mean, x)) continue;
+            mask = g[mu].mask;
+            const int rank = g[x].shape.rank();
+            const unsigned trailing = rank > 0 ? ((1u << rank) - 1u) : 0u;  // the mask must be the last k axes
+            if (mask == 0 || mask != (trailing & ~((1u << axis_of(mask)) - 1u))) continue;
+            const int a = operand(r, 0);
+            if (!ew(a, ops::op_id<ops::Add>)) continue;
+            for (int s2 = 0; s2 < 2; ++s2) {
+                const int v = operand(a, s2), e = operand(a, 1 - s2);
+                if (g[e].kind != ir::Kind::scalar || v < 0 || g[v].kind != ir::Kind::reduce || g[v].rkind != ir::ReduceKind::mean ||
+                    !g[v].keepdim || g[v].correction != 0 || g[v].mask != mask)
+                    continue;
+                const int sq = operand(v, 0);
+                if (!ew(sq, ops::op_id<ops::Mul>)) continue;
+                auto centred = [&](int t) { return t == c || (ew(t, ops::op_id<ops::Sub>) && operand(t, 0) == x && operand(t, 1) == mu); };
+                if (!centred(operand(sq, 0)) || !centred(operand(sq, 1))) continue;
+                eps = g[e].value;
+                return true;
+            }
+        }
+        return false;
+    };
+    // a parameter-like operand of the normalized dims' shape (weight or bias)
+    auto affine = [&](int p, int x, unsigned mask) {
+        const Shape& xs = g[x].shape;
+        const Shape& ps = g[p].shape;
+        const int k = std::popcount(mask);
+        if (g[p].kind == ir::Kind::scalar || ps.rank() != k || !same_t(p, x)) return false;
+        for (int d = 0; d < k; ++d)
+            if (ps[d] != xs[xs.rank() - k + d]) return false;
+        return true;
+    };
+    for (int i = 0; i < g.size(); ++i) {
+        Composite& c = out[static_cast<std::size_t>(i)];
+        int x = -1, m = -1;
+        if (ew(i, ops::op_id<ops::Div>) && shifted_exp(operand(i, 0), x, m) && exp_sum(operand(i, 1), x, m) && same_t(i, x)) {
+            c = {Composite::Kind::softmax, x, -1, -1, axis_of(g[m].mask), 0};
+            continue;
+        }
+        if (ew(i, ops::op_id<ops::Sub>) && ew(operand(i, 1), ops::op_id<ops::Add>) && same_t(i, operand(i, 0))) {
+            const int l = operand(i, 1);
+            for (int side = 0; side < 2 && c.kind == Composite::Kind::none; ++side) {
+                const int lg = operand(l, side), mm = operand(l, 1 - side);
+                x = operand(i, 0);
+                if (ew(lg, ops::op_id<ops::Log>) && floating(x) && red(mm, ir::ReduceKind::max, x) && single_axis(g[mm].mask) &&
+                    exp_sum(operand(lg, 0), x, mm))
+                    c = {Composite::Kind::log_softmax, x, -1, -1, axis_of(g[mm].mask), 0};
+            }
+            if (c.kind != Composite::Kind::none) continue;
+        }
+        unsigned mask = 0;
+        double eps = 0;
+        auto done = [&](int scale, int bias) { c = {Composite::Kind::layer_norm, x, scale, bias, g[x].shape.rank() - std::popcount(mask), eps}; };
+        if (ln_core(i, x, mask, eps)) {
+            done(-1, -1);
+            continue;
+        }
+        // mul(core, w) and add(mul(core, w) | core, b), either operand order
+        auto scaled = [&](int id, int& w) {
+            if (ln_core(id, x, mask, eps)) return w = -1, true;
+            if (!ew(id, ops::op_id<ops::Mul>)) return false;
+            for (int side = 0; side < 2; ++side)
+                if (ln_core(operand(id, side), x, mask, eps) && affine(operand(id, 1 - side), x, mask)) return w = operand(id, 1 - side), true;
+            return false;
+        };
+        int w = -1;
+        if (ew(i, ops::op_id<ops::Mul>) && scaled(i, w) && w >= 0 && same_t(i, x)) {
+            done(w, -1);
+            continue;
+        }
+        if (ew(i, ops::op_id<ops::Add>) && same_t(i, operand(i, 0)))
+            for (int side = 0; side < 2; ++side)
+                if (scaled(operand(i, side), w) && affine(operand(i, 1 - side), x, mask) && same_t(i, x)) {
+                    done(w, operand(i, 1 - side));
+                    break;
+                }
+    }
+    return out;
+}
+
 /// Builds the ONNX graph of one exported program, node by node.
 class Emitter {
 public:
@@ -68,6 +200,12 @@ public:
         a->set_name(name);
         a->set_type(::onnx::AttributeProto::INT);
         a->set_i(v);
+    }
+    static void attr_f(::onnx::NodeProto& n, const char* name, double v) {
+        auto* a = n.add_attribute();
+        a->set_name(name);
+        a->set_type(::onnx::AttributeProto::FLOAT);
+        a->set_f(static_cast<float>(v));
     }
     static void attr_ints(::onnx::NodeProto& n, const char* name, const std::vector<std::int64_t>& v) {
         auto* a = n.add_attribute();
@@ -465,6 +603,31 @@ public:
         fail("library op '" + op.key + "' has no ONNX mapping");
     }
 
+    /// Composite c (find_composites) rooted at node id as one ONNX op: Softmax, LogSoftmax, or
+    /// LayerNormalization (its Scale, which ONNX requires, ones where the program has no weight).
+    std::string composite(const ir::Graph& g, int id, const Composite& c, const std::vector<std::string>& name) {
+        const std::string& x = name[static_cast<std::size_t>(c.x)];
+        if (c.kind == Composite::Kind::softmax || c.kind == Composite::Kind::log_softmax)
+            return node(c.kind == Composite::Kind::softmax ? "Softmax" : "LogSoftmax", {x}, [&](::onnx::NodeProto& p) { attr_i(p, "axis", c.axis); });
+        std::string scale;
+        if (c.scale >= 0) {
+            scale = name[static_cast<std::size_t>(c.scale)];
+        } else {
+            const Shape& xs = g[c.x].shape;
+            Dims dims;
+            for (int d = static_cast<int>(c.axis); d < xs.rank(); ++d) dims.push_back(xs[d]);
+            const DType dt = g[c.x].dtype;
+            const Tensor ones = kiln::ones(Shape(dims), dt);
+            scale = tensor("layer_norm_scale_" + std::to_string(id), dt, dims, ones.data_ptr());
+        }
+        std::vector<std::string> in{x, scale};
+        if (c.bias >= 0) in.push_back(name[static_cast<std::size_t>(c.bias)]);
+        return node("LayerNormalization", in, [&](::onnx::NodeProto& p) {
+            attr_i(p, "axis", c.axis);
+            attr_f(p, "epsilon", c.eps);
+        });
+    }
+
     const std::vector<std::string>& ep_node_dims(int id) const { return ep_.node_dims()[static_cast<std::size_t>(id)]; }
 
 private:
@@ -515,10 +678,35 @@ inline ::onnx::ModelProto to_model_proto(const ExportedProgram& ep, const Option
         const Tensor t = ep.state_dict().at(s.name).cpu().contiguous();
         em.tensor(s.name, s.dtype, s.shape, t.data_ptr());
     }
+    // softmax, log_softmax and layer_norm as one ONNX op each; the nodes only they read are not written
+    std::vector<detail::Composite> comps = detail::find_composites(ir);
+    for (int i = 0; i < ir.size(); ++i) {
+        detail::Composite& c = comps[static_cast<std::size_t>(i)];
+        if (c.kind == detail::Composite::Kind::layer_norm && c.scale < 0)  // its ones need the normalized dims' sizes
+            for (int d = static_cast<int>(c.axis); d < ir[c.x].shape.rank(); ++d)
+                if (!em.ep_node_dims(c.x)[static_cast<std::size_t>(d)].empty()) c.kind = detail::Composite::Kind::none;
+    }
+    std::vector<char> needed(static_cast<std::size_t>(ir.size()), 0);
+    for (int o : ir.outputs) needed[static_cast<std::size_t>(o)] = 1;
+    for (int i = ir.size() - 1; i >= 0; --i) {
+        if (!needed[static_cast<std::size_t>(i)]) continue;
+        const detail::Composite& c = comps[static_cast<std::size_t>(i)];
+        if (c.kind == detail::Composite::Kind::none) {
+            for (int j : ir[i].in) needed[static_cast<std::size_t>(j)] = 1;
+            continue;
+        }
+        for (int j : {c.x, c.scale, c.bias})
+            if (j >= 0) needed[static_cast<std::size_t>(j)] = 1;
+    }
     std::vector<std::string> name(static_cast<std::size_t>(ir.size()));
     for (int i = 0; i < ir.size(); ++i) {
         const ir::Node& n = ir[i];
         std::string& v = name[static_cast<std::size_t>(i)];
+        if (n.kind != ir::Kind::input && !needed[static_cast<std::size_t>(i)]) continue;
+        if (comps[static_cast<std::size_t>(i)].kind != detail::Composite::Kind::none) {
+            v = em.composite(ir, i, comps[static_cast<std::size_t>(i)], name);
+            continue;
+        }
         switch (n.kind) {
             case ir::Kind::input: v = ep.input_specs()[static_cast<std::size_t>(n.index)].name; break;
             case ir::Kind::scalar: v = em.scalar(n.value, n.dtype); break;
