@@ -68,8 +68,8 @@ inline std::vector<Composite> find_composites(const ir::Graph& g) {
         return id >= 0 && g[id].kind == ir::Kind::reduce && g[id].rkind == rk && g[id].keepdim && operand(id, 0) == x &&
                (rk != ir::ReduceKind::mean || g[id].correction == 0) && same_t(id, x);
     };
-    auto single_axis = [](unsigned mask) { return mask != 0 && (mask & (mask - 1)) == 0; };
-    auto axis_of = [](unsigned mask) { std::int64_t a = 0; while (!((mask >> a) & 1u)) ++a; return a; };
+    auto single_axis = [](unsigned mask) { return std::has_single_bit(mask); };
+    auto axis_of = [](unsigned mask) { return static_cast<std::int64_t>(std::countr_zero(mask)); };  // the lowest reduced axis
     // e = exp(sub(x, m)), m = max(x) over one axis: x and m, or false
     auto shifted_exp = [&](int e, int& x, int& m) {
         if (!ew(e, ops::op_id<ops::Exp>) || !ew(operand(e, 0), ops::op_id<ops::Sub>)) return false;
