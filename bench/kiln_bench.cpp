@@ -75,8 +75,10 @@ struct Row {
     /// the time per call of back-to-back calls with one synchronize (median of 5 runs of at least
     /// 100 ms); host_us the host's wall time inside one call (median over the latency repeats).
     double throughput_us = 0, host_us = 0;
-    /// GPU training rows: the most device memory in use while the row was timed (MiB).
-    double peak_mib = 0;
+    /// GPU training rows: the most device memory in use while the row was timed (MiB): in the
+    /// allocator's blocks (whole size classes), and as the tensors' requested bytes (torch's
+    /// requested_bytes; its max_memory_allocated counts its own blocks).
+    double peak_mib = 0, peak_requested_mib = 0;
     int repeats = 0;
     /// GB/s by throughput where measured (GPU rows), else by the median.
     double gbps() const { return bytes / ((throughput_us > 0 ? throughput_us : median_us) * 1e3); }
@@ -336,6 +338,7 @@ public:
                 f << ", \"latency_us\": " << json_number(r.median_us) << ", \"throughput_us\": " << json_number(r.throughput_us)
                   << ", \"host_us\": " << json_number(r.host_us);
             if (r.peak_mib > 0) f << ", \"peak_mem_mib\": " << json_number(r.peak_mib);
+            if (r.peak_requested_mib > 0) f << ", \"peak_requested_mib\": " << json_number(r.peak_requested_mib);
             if (copy > 0) f << ", \"pct_copy\": " << json_number(100 * r.gbps() / copy);
             if (eager > 0) f << ", \"speedup_vs_eager\": " << json_number(eager / r.median_us);
             if (const double et = throughput_us(r.workload, "eager", r.threads); et > 0 && r.throughput_us > 0)
@@ -884,10 +887,14 @@ void train_rows(Bench& b, const std::string& name, kiln::Device dev, int threads
         else b.row(name, method, threads, 0, [&] { loss = step(); }, 3);
         if (!std::isfinite(loss.item<float>()))
             throw std::runtime_error("kiln_bench: " + name + " " + method + ": the loss is not finite after the timed steps");
-        if (gpu) b.last_row().peak_mib = static_cast<double>(kiln::cuda::memory_stats(0).peak_bytes_in_use) / (1 << 20);
+        if (gpu) {
+            const kiln::cuda::DeviceMemoryStats ms = kiln::cuda::memory_stats(0);
+            b.last_row().peak_mib = static_cast<double>(ms.peak_bytes_in_use) / (1 << 20);
+            b.last_row().peak_requested_mib = static_cast<double>(ms.peak_bytes_requested) / (1 << 20);
+        }
         b.last_row().first_call_us = first_us;  // the row's first call is the model's first step, compile included
-        std::printf("  %s %s: first step (trace, compile, run) %.1f ms; %d kernels per step; peak device memory %.1f MiB\n", name.c_str(),
-                    method, first_us / 1e3, c ? c->kernels() : 0, b.last_row().peak_mib);
+        std::printf("  %s %s: first step (trace, compile, run) %.1f ms; %d kernels per step; peak device memory %.1f MiB in blocks, %.1f MiB "
+                    "requested\n", name.c_str(), method, first_us / 1e3, c ? c->kernels() : 0, b.last_row().peak_mib, b.last_row().peak_requested_mib);
         if (std::string(method) == "reduce_overhead") {
             const kiln::cuda::GraphStats gs = kiln::cuda::graph_stats();
             std::printf("  %s reduce_overhead: CUDA graphs so far in this process: %zu captured, %zu replays, %zu calls without a graph\n",

@@ -22,7 +22,10 @@ Each method trains its own copy from the same seed; the first step's loss of eac
 against eager's. Timing as kiln_bench's rows: latency_us (= median_us: CUDA events around each
 call, synchronized after each), throughput_us (calls back to back between two events, >= 0.1 s a
 run, median of 5 runs, per call), host_us; peak_mem_mib: torch.cuda.max_memory_allocated over the
-timed calls. The file is {"meta": {...}, "rows": [...]} like torch_anchor.py's.
+timed calls (the allocator's blocks), peak_requested_mib: memory_stats' requested_bytes.all.peak
+(what the tensors asked for: kiln_bench's peak_requested_mib), peak_reserved_mib. Under
+reduce-overhead the CUDA graph's pool is allocated before the timed calls and replays allocate
+nothing, so these peaks leave out the step's own memory there: compare the compile rows. The file is {"meta": {...}, "rows": [...]} like torch_anchor.py's.
 """
 from __future__ import annotations
 
@@ -149,11 +152,15 @@ def main():
             if cuda:
                 row["throughput_us"] = timer.throughput(step, row["median_us"])
                 row["peak_mem_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
+                stats = torch.cuda.memory_stats(dev)
+                row["peak_requested_mib"] = stats.get("requested_bytes.all.peak", 0) / 2**20
+                row["peak_reserved_mib"] = torch.cuda.max_memory_reserved(dev) / 2**20
             rate = row.get("throughput_us", row["median_us"])
             row["tflops"] = flops / (rate * 1e6)
             rows.append(row)
             print(f"[torch_train_anchor] {name:<16} {method:<10} latency {row['median_us']:9.1f} us  thru {row.get('throughput_us', 0):9.1f} us  "
-                  f"host {row['host_us']:8.1f}  first {first_us / 1e3:8.1f} ms  peak {row.get('peak_mem_mib', 0):.0f} MiB  ok={row['ok']}",
+                  f"host {row['host_us']:8.1f}  first {first_us / 1e3:8.1f} ms  peak {row.get('peak_mem_mib', 0):.1f} MiB "
+                  f"(requested {row.get('peak_requested_mib', 0):.1f}, reserved {row.get('peak_reserved_mib', 0):.1f})  ok={row['ok']}",
                   file=sys.stderr, flush=True)
     meta = {"tool": "bench/anchors/torch_train_anchor.py", "argv": sys.argv, "torch": torch.__version__,
             "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "device": str(dev),

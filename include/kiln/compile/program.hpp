@@ -18,6 +18,7 @@
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
 #include "kiln/ir/hash.hpp"
+#include "kiln/ir/printer.hpp"
 #include "kiln/trace/tracer.hpp"
 
 namespace kiln::detail {
@@ -402,6 +403,25 @@ inline Executable make_executable(const ir::Graph& g, const Options& opt, int& k
     return replays_graphs(opt.mode) ? be->replayed(std::move(e)) : e;
 }
 
+/// KILN_LOGS=memory: the live set at the peak of a call that drops each value after its last
+/// reader (fuse::peak_live), the largest values first.
+inline void log_peak_memory(const ir::Graph& g, const fuse::Plan& plan) {
+    const fuse::MemoryPeak pk = fuse::peak_live(g, plan, fuse::plan_memory(g, plan, false));
+    std::ostringstream s;
+    const auto mib = [](std::size_t b) { return static_cast<double>(b) / (1 << 20); };
+    s << "peak of the values a call makes: " << mib(pk.bytes) << " MiB after group " << pk.group << " of " << plan.groups.size() << " ("
+      << mib(pk.pinned) << " MiB of them outputs), " << pk.live.size() << " values:";
+    std::size_t shown = 0;
+    for (int i : pk.live) {
+        if (++shown > 40) break;
+        const int gi = plan.group_of[static_cast<std::size_t>(i)];
+        s << "\n  " << mib(fuse::node_bytes(g, i)) << " MiB %" << i << " = " << ir::describe(g, i) << " : " << dtype_name(g[i].dtype)
+          << g[i].shape.str() << " (group " << gi << (gi >= 0 ? std::string(" ") + fuse::group_kind_name(plan.groups[static_cast<std::size_t>(gi)].kind) : "")
+          << (std::find(g.outputs.begin(), g.outputs.end(), i) != g.outputs.end() ? ", output" : "") << ")";
+    }
+    debug::log("memory", s.str());
+}
+
 inline Executable make_backend_executable(const ir::Graph& g, const Options& opt, int& kernels, bool dynamic,
                                           std::shared_ptr<const fuse::DeviceBackend> be) {
     if (opt.backend == Backend::custom) {
@@ -449,6 +469,7 @@ inline Executable make_backend_executable(const ir::Graph& g, const Options& opt
         }
         debug::log("fusion", s.str());
     }
+    if (debug::log_on("memory")) log_peak_memory(g, plan);
     const auto prog = be->program(g, std::move(plan));
     if (!dynamic) return [prog](const std::vector<Tensor>& in) { return prog->run(in); };
     // each input shape gets its graph and plan once (the trace and passes are shared by all

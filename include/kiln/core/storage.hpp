@@ -39,6 +39,11 @@ public:
     /// tensor it saved was not modified since.
     std::uint32_t version() const { return version_; }
     void bump_version() { ++version_; }
+    /// Set once a tensor over this memory is marked requires_grad_ (a parameter): a trace then
+    /// records work on any tensor over it, a detached one included, since a training step writes
+    /// it later in the same program (Tracer::live).
+    bool grad_memory() const { return grad_memory_; }
+    void mark_grad_memory() { grad_memory_ = true; }
 
 private:
     static std::atomic<std::uint64_t>& counter() {
@@ -54,6 +59,7 @@ private:
     std::shared_ptr<void> keep_alive_;
     std::uint64_t serial_ = 0;
     std::uint32_t version_ = 0;
+    bool grad_memory_ = false;
 };
 
 /// Set while a tracer holds recorded writes into concrete memory that the memory does not show

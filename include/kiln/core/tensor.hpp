@@ -357,6 +357,7 @@ inline Tensor& Tensor::requires_grad_(bool on, Loc loc) {
         detail::fail<ValueError>("requires_grad_", "cannot turn off requires_grad of a tensor a recorded op made; use detach()", loc);
     if (!ag_) ag_ = std::make_shared<autograd::detail::Meta>();
     ag_->requires_grad = on;
+    if (on && storage_) storage_->mark_grad_memory();
     return *this;
 }
 

@@ -23,6 +23,9 @@ struct MemoryPlan {
     /// node -> buffer slot (-1: memory of its own); empty when no node has one.
     std::vector<int> slot_of;
     std::vector<std::size_t> slot_bytes;  ///< bytes of each slot
+    std::vector<int> base;       ///< node -> the node whose memory it is (itself, or what a view or in-place write shows)
+    std::vector<int> last_use;   ///< base node -> the last group that reads its memory through any view of it (-1: none)
+    std::vector<char> pinned;    ///< node -> an output, or memory an output shows (never dropped early)
 };
 
 /// The memory plan of graph g run as `plan`. Slots go to the values of elementwise, row, reduce
@@ -58,6 +61,9 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
             int& u = at(last_use, at(base, l));
             u = std::max(u, static_cast<int>(k));
         }
+    m.base = base;
+    m.last_use = last_use;
+    m.pinned = pinned;
     m.dead_after.resize(groups.size());
     for (int i = 0; i < N; ++i) {
         const int k = at(last_read, i);
@@ -88,6 +94,61 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
     }
     if (m.slot_bytes.empty()) m.slot_of.clear();
     return m;
+}
+
+/// The live set at the peak of a run of `plan` that drops each value after its last reader
+/// (through any view of it: MemoryPlan::last_use), as the CUDA executor does: memory the call
+/// makes, not counting its inputs and constants (KILN_LOGS=memory). Views, in-place writes and
+/// values stored straight into captured memory make none; library calls' workspaces are not
+/// counted.
+struct MemoryPeak {
+    std::size_t bytes = 0;     ///< live bytes at the peak
+    int group = -1;            ///< the group after whose outputs the peak is reached
+    std::vector<int> live;     ///< the nodes holding memory then, largest first
+    std::size_t pinned = 0;    ///< bytes of the program's outputs (live to the end) at the peak
+};
+
+inline std::size_t node_bytes(const ir::Graph& g, int i) {
+    return static_cast<std::size_t>(g[i].shape.numel()) * dtype_size(g[i].dtype);
+}
+
+inline MemoryPeak peak_live(const ir::Graph& g, const Plan& plan, const MemoryPlan& mem) {
+    const int N = g.size();
+    const auto at = [](auto& v, int i) -> auto& { return v[static_cast<std::size_t>(i)]; };
+    // memory a node makes lives until the last group that reads it through any view of it
+    std::vector<std::vector<int>> free_after(plan.groups.size());
+    for (int i = 0; i < N; ++i)
+        if (at(mem.base, i) == i && !at(mem.pinned, i) && at(mem.last_use, i) >= 0)
+            free_after[static_cast<std::size_t>(at(mem.last_use, i))].push_back(i);
+    std::vector<char> owns(static_cast<std::size_t>(N), 0);
+    std::vector<int> live;
+    std::size_t now = 0;
+    MemoryPeak peak;
+    for (std::size_t k = 0; k < plan.groups.size(); ++k) {
+        const Group& G = plan.groups[k];
+        if (G.kind != Group::Kind::view && !(G.kind == Group::Kind::write && G.in_place))
+            for (int o : G.outputs) {
+                if (!plan.store_into.empty() && plan.store_into[static_cast<std::size_t>(o)] >= 0) continue;
+                owns[static_cast<std::size_t>(o)] = 1;
+                live.push_back(o);
+                now += node_bytes(g, o);
+            }
+        if (now > peak.bytes) {
+            peak.bytes = now;
+            peak.group = static_cast<int>(k);
+            peak.live = live;
+        }
+        for (int d : free_after[k])
+            if (owns[static_cast<std::size_t>(d)]) {
+                owns[static_cast<std::size_t>(d)] = 0;
+                now -= node_bytes(g, d);
+                live.erase(std::find(live.begin(), live.end(), d));
+            }
+    }
+    std::sort(peak.live.begin(), peak.live.end(), [&](int a, int b) { return node_bytes(g, a) > node_bytes(g, b); });
+    for (int i : peak.live)
+        if (at(mem.pinned, i)) peak.pinned += node_bytes(g, i);
+    return peak;
 }
 
 }  // namespace kiln::fuse

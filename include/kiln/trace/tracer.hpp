@@ -147,13 +147,13 @@ public:
     bool wrote(const Tensor& t) const { return !t.is_traced() && written_storage(t) != nullptr; }
 
     /// Whether work on concrete tensor t must be recorded rather than done now: the trace wrote into
-    /// its memory, or it is a tensor from outside the trace that requires grad (a parameter: a
-    /// training step writes it later in the same trace, so a value computed from it now would be
-    /// stale on the next call).
+    /// its memory, or it is memory from outside the trace of a tensor that requires grad (a
+    /// parameter, or a detached view of one: a training step writes it later in the same trace, so
+    /// a value computed from it now would be stale on the next call).
     bool live(const Tensor& t) const {
         if (!t.defined() || t.is_traced()) return false;
         if (written_storage(t) != nullptr) return true;
-        return t.requires_grad() && t.storage() && t.storage()->serial() < first_storage_;
+        return t.storage() && (t.requires_grad() || t.storage()->grad_memory()) && t.storage()->serial() < first_storage_;
     }
 
     /// Treats concrete memory made during the trace as memory from outside it: the program reads it

@@ -30,6 +30,10 @@ struct DeviceMemoryStats {
     std::size_t bytes_in_use = 0;       ///< handed out and not yet returned
     std::size_t bytes_cached = 0;       ///< freed by kiln, held for reuse
     std::size_t peak_bytes_in_use = 0;  ///< the most bytes_in_use ever reached
+    /// The bytes tensors asked for, each rounded up to 512 B, of the blocks handed out (bytes_in_use
+    /// counts whole size classes): torch.cuda.memory_stats()'s requested_bytes (there unrounded).
+    std::size_t bytes_requested = 0;
+    std::size_t peak_bytes_requested = 0;  ///< the most bytes_requested ever reached
     std::size_t oom_retries = 0;        ///< cuMemAlloc out-of-memory failures retried after freeing the cache
 };
 
@@ -92,6 +96,7 @@ public:
     void reset_peak() {
         std::lock_guard lock(mutex_);
         stats_.peak_bytes_in_use = stats_.bytes_in_use;
+        stats_.peak_bytes_requested = stats_.bytes_requested;
     }
     int device() const { return device_; }
 
@@ -99,14 +104,17 @@ private:
     struct Block {
         std::size_t size;
         CUstream stream;
+        std::size_t requested;  ///< the request, rounded up to min_block
     };
 
     static std::uintptr_t key_of(CUstream s) { return reinterpret_cast<std::uintptr_t>(s); }
 
-    void note_handed_out(std::size_t size) {
+    void note_handed_out(std::size_t size, std::size_t requested) {
         ++stats_.allocations;
         stats_.bytes_in_use += size;
         if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+        stats_.bytes_requested += requested;
+        if (stats_.bytes_requested > stats_.peak_bytes_requested) stats_.peak_bytes_requested = stats_.bytes_requested;
     }
 
     // Cached blocks may still be read or written by queued work (their tensors died on the host

@@ -10,15 +10,16 @@ namespace kiln::cuda::detail {
 
 KILN_DECL void* CachingDeviceAllocator::allocate(std::size_t nbytes) {
     const std::size_t size = device_size_class(nbytes);
+    const std::size_t requested = (std::max<std::size_t>(nbytes, 1) + min_block - 1) / min_block * min_block;
     const CUstream stream = current_stream(device_);  // also makes the device's context current
     std::lock_guard lock(mutex_);
     if (auto it = free_.find({key_of(stream), size}); it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
-        live_.emplace(p, Block{size, stream});  // may throw: the bins are untouched until it succeeded
+        live_.emplace(p, Block{size, stream, requested});  // may throw: the bins are untouched until it succeeded
         it->second.pop_back();
         stats_.bytes_cached -= size;
         ++stats_.cache_hits;
-        note_handed_out(size);
+        note_handed_out(size, requested);
         return p;
     }
     const Driver& d = driver();
@@ -34,13 +35,13 @@ KILN_DECL void* CachingDeviceAllocator::allocate(std::size_t nbytes) {
     ++stats_.driver_allocs;
     void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
     try {
-        live_.emplace(p, Block{size, stream});
+        live_.emplace(p, Block{size, stream, requested});
     } catch (...) {  // no host memory to track it: give it back rather than leak it
         d.mem_free(ptr);
         ++stats_.driver_frees;
         throw;
     }
-    note_handed_out(size);
+    note_handed_out(size, requested);
     return p;
 }
 
@@ -52,6 +53,7 @@ KILN_DECL void CachingDeviceAllocator::deallocate(void* p, std::size_t) noexcept
     const Block b = it->second;
     live_.erase(it);
     stats_.bytes_in_use -= b.size;
+    stats_.bytes_requested -= b.requested;
     try {
         free_[{key_of(b.stream), b.size}].push_back(p);
         stats_.bytes_cached += b.size;

@@ -233,7 +233,9 @@ inline std::vector<CUfunction> kernel_functions(const std::vector<KernelText>& k
         bool dup = false;
         for (const auto& m : missing) dup = dup || m.name == ks[i].name;
         if (!dup) {
-            missing.push_back({ks[i].source, ks[i].name, {}});
+            // the text kernel_function compiles (with the PDL entry where the device takes it):
+            // warming any other text compiles each kernel twice, the second time one by one
+            missing.push_back({device_kernel_text(ks[i].source, device), ks[i].name, {}});
             where.push_back(i);
         }
     }

@@ -415,6 +415,16 @@ inline std::string with_pdl_entry(const std::string& source, long long trigger_t
     return out;
 }
 
+/// Threads a PDL kernel's early-launch test counts: half of what the device holds at once.
+inline long long pdl_half_device(const DeviceProperties& p) { return static_cast<long long>(p.sm_count) * 1024; }
+
+/// The text NVRTC compiles for `source` on `device` (kernel_function's, with the PDL entry where
+/// the device takes it): what warming the caches ahead of kernel_function must compile.
+inline std::string device_kernel_text(const std::string& source, int device) {
+    const DeviceProperties& p = properties(device);
+    return pdl_enabled(p.arch()) ? with_pdl_entry(source, pdl_half_device(p)) : source;
+}
+
 /// The loaded function `name` of a kernel's source on a device: compiled once per source (memory
 /// and disk caches, cubin_for), loaded once per device. For PDL (sm_90+, driver.hpp) the source
 /// gets its entry (with_pdl_entry) and the function is marked for PDL launches.
@@ -428,8 +438,8 @@ inline CUfunction kernel_function(const std::string& name, const std::string& so
     }
     const DeviceProperties& p = properties(device);
     const bool pdl = pdl_enabled(p.arch());
-    const long long half_device = static_cast<long long>(p.sm_count) * 1024;  // threads: half of what it holds at once
-    const std::string text = pdl ? with_pdl_entry(source, half_device) : source;
+    const long long half_device = pdl_half_device(p);
+    const std::string text = device_kernel_text(source, device);
     if (debug::log_on("output_code")) debug::log("output_code", "kernel " + name + ":\n" + text);
     const std::string& cubin = kiln::cache::cubin_for(text, name, p.arch());
     std::unique_lock lock(mu);
