@@ -28,6 +28,11 @@ struct MemoryPlan {
     std::vector<char> pinned;    ///< node -> an output, or memory an output shows (never dropped early)
 };
 
+/// Bytes of node i's value (its shape and dtype).
+inline std::size_t node_bytes(const ir::Graph& g, int i) {
+    return static_cast<std::size_t>(g[i].shape.numel()) * dtype_size(g[i].dtype);
+}
+
 /// The memory plan of graph g run as `plan`. Slots go to the values of elementwise, row, reduce
 /// and write groups (a GEMM, a library call and a view make their own memory), of a size equal to
 /// a free slot's; `with_slots = false` leaves them out (liveness only).
@@ -38,7 +43,8 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
     MemoryPlan m;
     // node -> the node whose memory it is: a view, or a value an in-place write group produces,
     // shows its operand's memory; every other node its own
-    std::vector<int> base(static_cast<std::size_t>(N));
+    std::vector<int>& base = m.base;
+    base.resize(static_cast<std::size_t>(N));
     for (int i = 0; i < N; ++i) {
         const int gi = at(plan.group_of, i);
         const bool aliases = g[i].kind == ir::Kind::view ||
@@ -47,23 +53,23 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
         at(base, i) = aliases ? at(base, g[i].in[0]) : i;
     }
     // node -> an output, or memory an output shows: never shared, never dropped early
-    std::vector<char> pinned(static_cast<std::size_t>(N), 0);
+    std::vector<char>& pinned = m.pinned;
+    pinned.assign(static_cast<std::size_t>(N), 0);
     for (int o : g.outputs) {
         at(pinned, o) = 1;
         at(pinned, at(base, o)) = 1;
     }
     // node -> the last group that reads it as a leaf / that reads its memory through any view of
     // it (-1: none); a slot is free again after its last use
-    std::vector<int> last_read(static_cast<std::size_t>(N), -1), last_use(static_cast<std::size_t>(N), -1);
+    std::vector<int> last_read(static_cast<std::size_t>(N), -1);
+    std::vector<int>& last_use = m.last_use;
+    last_use.assign(static_cast<std::size_t>(N), -1);
     for (std::size_t k = 0; k < groups.size(); ++k)
         for (int l : groups[k].leaves) {
             at(last_read, l) = std::max(at(last_read, l), static_cast<int>(k));
             int& u = at(last_use, at(base, l));
             u = std::max(u, static_cast<int>(k));
         }
-    m.base = base;
-    m.last_use = last_use;
-    m.pinned = pinned;
     m.dead_after.resize(groups.size());
     for (int i = 0; i < N; ++i) {
         const int k = at(last_read, i);
@@ -79,7 +85,7 @@ inline MemoryPlan plan_memory(const ir::Graph& g, const Plan& plan, bool with_sl
         if (G.kind == Group::Kind::view || G.kind == Group::Kind::matmul || G.kind == Group::Kind::call) continue;
         for (int o : G.outputs) {
             if (at(pinned, o) || at(last_use, o) < 0) continue;
-            const std::size_t bytes = static_cast<std::size_t>(g[o].shape.numel()) * dtype_size(g[o].dtype);
+            const std::size_t bytes = node_bytes(g, o);
             int pick = -1;
             for (std::size_t sl = 0; sl < m.slot_bytes.size() && pick < 0; ++sl)
                 if (m.slot_bytes[sl] == bytes && slot_free_after[sl] < static_cast<int>(k)) pick = static_cast<int>(sl);
@@ -107,10 +113,6 @@ struct MemoryPeak {
     std::vector<int> live;     ///< the nodes holding memory then, largest first
     std::size_t pinned = 0;    ///< bytes of the program's outputs (live to the end) at the peak
 };
-
-inline std::size_t node_bytes(const ir::Graph& g, int i) {
-    return static_cast<std::size_t>(g[i].shape.numel()) * dtype_size(g[i].dtype);
-}
 
 inline MemoryPeak peak_live(const ir::Graph& g, const Plan& plan, const MemoryPlan& mem) {
     const int N = g.size();
