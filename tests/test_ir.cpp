@@ -301,6 +301,126 @@ TEST_CASE("each pass does its rewrite and keeps the values") {
         none.outputs = {ew<ops::Sin>(none, {y}, {3, 4})};
         CHECK(kiln::passes::delay_waits(none).size() == none.size());
     }
+    SUBCASE("fold_call_epilogue: a residual add and a relu after a library op join it; a value read twice does not") {
+        // a library op y = 2x with hooks for + z and relu, as conv2d has
+        std::function<std::shared_ptr<const ir::CallOp>(bool, bool)> make = [&](bool res, bool relu) {
+            auto op = std::make_shared<ir::CallOp>();
+            op->key = std::string("twice") + (res ? ", residual" : "") + (relu ? ", relu" : "");
+            op->shape = [](const std::vector<Shape>& s) { return s[0]; };
+            op->run = [res, relu](const std::vector<Tensor>& t) {
+                Tensor y = Tensor(t[0] * 2.0);
+                if (res) y = Tensor(y + t[1]);
+                return relu ? Tensor(kiln::relu(y)) : y;
+            };
+            if (!relu) op->with_relu = [=] { return make(res, true); };
+            if (!relu && !res) op->with_residual = [=] { return make(true, false); };
+            return std::shared_ptr<const ir::CallOp>(op);
+        };
+        auto call = [&](ir::Graph& g, int a) {
+            ir::Node n;
+            n.kind = ir::Kind::call;
+            n.dtype = DType::f32;
+            n.shape = g[a].shape;
+            n.in = {a};
+            n.call = make(false, false);
+            return g.add(std::move(n));
+        };
+        auto keys = [](const ir::Graph& g) {
+            std::vector<std::string> k;
+            for (const auto& n : g.nodes)
+                if (n.kind == ir::Kind::call) k.push_back(n.call->key);
+            return k;
+        };
+        const Tensor zv = kiln::randn({3, 4});
+        const Tensor x2 = Tensor(xv * 2.0);
+        {  // relu(2x + z), z computed after the op: the folded op goes where the relu was
+            ir::Graph g;
+            const int x = input(g, {3, 4}, 0), zi = input(g, {3, 4}, 1);
+            const int y = call(g, x);
+            const int z = ew<ops::Sin>(g, {zi}, {3, 4});
+            g.outputs = {ew<ops::Relu>(g, {ew<ops::Add>(g, {z, y}, {3, 4})}, {3, 4})};
+            const ir::Graph f = kiln::passes::fold_call_epilogue(g);
+            ir::verify(f, "fold_call_epilogue");
+            CHECK(keys(f) == std::vector<std::string>{"twice, residual, relu"});
+            CHECK(f.size() == g.size() - 2);
+            CHECK(kiln_test::maxdiff(run(f, {xv, zv})[0], Tensor(kiln::relu(x2 + kiln::sin(zv)))) < 1e-6);
+        }
+        {  // relu(view(2x)): the relu joins the op, the view stays after it
+            ir::Graph g;
+            const int x = input(g, {3, 4}, 0);
+            const int y = call(g, x);
+            ir::Node v;
+            v.kind = ir::Kind::view;
+            v.dtype = DType::f32;
+            v.shape = {4, 3};
+            v.args = {1, 4};
+            v.in = {y};
+            const int vt = g.add(std::move(v));
+            g.outputs = {ew<ops::Relu>(g, {vt}, {4, 3})};
+            const ir::Graph f = kiln::passes::fold_call_epilogue(g);
+            ir::verify(f, "fold_call_epilogue");
+            CHECK(keys(f) == std::vector<std::string>{"twice, relu"});
+            CHECK(kiln_test::maxdiff(run(f, {xv})[0], Tensor(kiln::relu(x2)).t()) < 1e-6);
+        }
+        {  // 2x read twice (the add and an output), and two ops added: the first takes the second as z
+            ir::Graph g;
+            const int x = input(g, {3, 4}, 0), zi = input(g, {3, 4}, 1);
+            const int y = call(g, x);
+            const int a = ew<ops::Add>(g, {y, zi}, {3, 4});
+            g.outputs = {ew<ops::Relu>(g, {a}, {3, 4}), y};
+            const ir::Graph f = kiln::passes::fold_call_epilogue(g);
+            CHECK(f.size() == g.size());  // nothing folded
+            ir::Graph h;
+            const int hx = input(h, {3, 4}, 0), hz = input(h, {3, 4}, 1);
+            const int c1 = call(h, hx), c2 = call(h, hz);
+            h.outputs = {ew<ops::Relu>(h, {ew<ops::Add>(h, {c1, c2}, {3, 4})}, {3, 4})};
+            const ir::Graph fh = kiln::passes::fold_call_epilogue(h);
+            ir::verify(fh, "fold_call_epilogue");
+            CHECK(keys(fh) == std::vector<std::string>{"twice", "twice, residual, relu"});
+            CHECK(kiln_test::maxdiff(run(fh, {xv, zv})[0], Tensor(kiln::relu(x2 + zv * 2.0))) < 1e-6);
+        }
+    }
+    SUBCASE("constant_layouts: a constant only library ops read is bound in the layout they name; other constants stay") {
+        // a library op reading operand 1 as its transpose's rows (conv2d's weight channels-last)
+        auto op = std::make_shared<ir::CallOp>();
+        op->key = "matmul_t";
+        op->shape = [](const std::vector<Shape>& s) { return Shape{s[0][0], s[1][0]}; };
+        op->run = [](const std::vector<Tensor>& t) { return kiln::matmul(t[0], t[1].t()); };
+        op->constant_layout = [](std::size_t i, const Tensor& t) { return i == 1 ? t.t().contiguous().t() : t; };
+        auto call = [&](ir::Graph& g, int a, int b) {
+            ir::Node n;
+            n.kind = ir::Kind::call;
+            n.dtype = DType::f32;
+            n.shape = {3, 5};
+            n.in = {a, b};
+            n.call = op;
+            return g.add(std::move(n));
+        };
+        const Tensor wv = kiln::randn({5, 4});
+        const Tensor want = kiln::matmul(xv, wv.t());
+        for (const bool other_reader : {false, true}) {
+            CAPTURE(other_reader);
+            ir::Graph g;
+            const int x = input(g, {3, 4}, 0);
+            const int w = constant(g, wv);
+            const int y = call(g, x, w);
+            g.outputs = {y};
+            if (other_reader) g.outputs.push_back(ew<ops::Exp>(g, {w}, {5, 4}));  // an elementwise reader: w stays as captured
+            const ir::Graph l = kiln::passes::constant_layouts(g);
+            ir::verify(l, "constant_layouts");
+            CHECK(l.size() == g.size());
+            CHECK(l[w].tensor.is_same(wv) == other_reader);
+            if (!other_reader) CHECK(l[w].tensor.strides() == kiln::Strides{1, 5});  // column-major: the transpose's rows
+            CHECK(kiln_test::maxdiff(run(l, {xv})[0], want) < 1e-5);
+            // the pipeline binds it only where the program owns its constants
+            const ir::Graph plain = kiln::passes::run_pipeline(g);
+            const ir::Graph owned = kiln::passes::run_pipeline(g, {}, {.owns_constants = true});
+            for (const ir::Node& n : plain.nodes)
+                if (n.kind == ir::Kind::constant) CHECK(n.tensor.is_same(wv));
+            for (const ir::Node& n : owned.nodes)
+                if (n.kind == ir::Kind::constant) CHECK(n.tensor.is_same(wv) == other_reader);
+        }
+    }
     SUBCASE("the pipeline runs them all, verified after each") {
         ir::Graph g;
         const int x = input(g, {3, 4}, 0);

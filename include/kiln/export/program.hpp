@@ -728,7 +728,9 @@ inline Executable ExportedProgram::runner(int device) const {
         n.fresh = s.inputs[k].kind == TensorSpec::Kind::constant;
     }
     g.inputs.resize(static_cast<std::size_t>(s.user_inputs));
-    g = passes::run_pipeline(std::move(g), {}, {.freeze = s.opt.freeze});
+    // (the lifted tensors are this program's: a conv2d weight is bound channels-last once, not
+    // copied into that layout on every call; constant_layouts)
+    g = passes::run_pipeline(std::move(g), {}, {.freeze = s.opt.freeze, .owns_constants = true});
     bool dynamic = false;
     for (int k = 0; k < s.user_inputs; ++k)
         for (const std::string& d : s.inputs[static_cast<std::size_t>(k)].dim_names) dynamic = dynamic || !d.empty();

@@ -80,6 +80,11 @@ inline const char* view_name(ViewKind) { return "as_strided"; }
 ///   In the result, an undefined operand i stands for the original operand i (the same graph
 ///   value); a defined one is a new constant. nullopt where the op cannot take the map.
 /// - `with_relu()`: the op computing `relu(op(operands))` over the same operands, or null.
+/// - `with_residual()`: the op computing `op(operands) + z` over the operands and then z (of the
+///   output's shape and dtype), or null (passes/fold_call_epilogue.hpp).
+/// - `constant_layout(i, t)`: operand i's captured tensor t in the layout the op reads fastest
+///   (the same values; conv2d's weight channels-last), or t itself. Passes bind it in t's place
+///   where the program owns its constants (passes/constant_layouts.hpp).
 struct CallOp {
     /// An op and its operands after a rewrite (see fold_affine).
     struct Rewrite {
@@ -91,6 +96,8 @@ struct CallOp {
     std::function<Shape(const std::vector<Shape>&)> shape;  ///< output shape from operand shapes (dynamic dims)
     std::function<std::optional<Rewrite>(const std::vector<Tensor>&, const Tensor&, const Tensor&)> fold_affine{};
     std::function<std::shared_ptr<const CallOp>()> with_relu{};
+    std::function<std::shared_ptr<const CallOp>()> with_residual{};
+    std::function<Tensor(std::size_t, const Tensor&)> constant_layout{};
     /// The op waits for asynchronous work an earlier op started (a collective's join): work that
     /// does not need its result is scheduled before it (passes/delay_waits.hpp), to overlap.
     bool waits = false;

@@ -417,6 +417,9 @@ inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias,
             return ir::CallOp::Rewrite{conv2d_op(win, Act::none, true, false, loc), {Tensor{}, std::move(w), std::move(b)}};
         };
     if (act == Act::none) op->with_relu = [=] { return conv2d_op(win, Act::relu, has_bias, has_res, loc); };
+    if (act == Act::none && !has_res) op->with_residual = [=] { return conv2d_op(win, Act::none, has_bias, true, loc); };
+    // run() reads the weight as (OC, KH, KW, C) rows: a constant weight stored so is read in place
+    op->constant_layout = [](std::size_t i, const Tensor& t) { return i == 1 && t.rank() == 4 ? channels_last(t) : t; };
     op->name = "conv2d";
     op->attrs = window_attrs(win);
     op->attrs.insert(op->attrs.end(), {{"act", static_cast<double>(act)}, {"bias", has_bias ? 1.0 : 0.0}, {"residual", has_res ? 1.0 : 0.0}});

@@ -148,9 +148,8 @@ inline Tensor f64_vector(const std::vector<double>& v) {
 /// the op through one view that keeps each element's channel on one axis (the NHWC -> NCHW
 /// permute of nn::conv2d) and the constants are (C, 1, 1). The op's output, the view and each link
 /// but the last must have one reader, and no link may change the dtype or shape. The op's weight
-/// and bias become new folded constants; then a relu that is the only reader of the result joins
-/// the op through its `with_relu` hook. Reads captured tensors now: only for frozen programs
-/// (kiln::Options::freeze).
+/// and bias become new folded constants (a relu after them joins the op in fold_call_epilogue,
+/// which runs next). Reads captured tensors now: only for frozen programs (kiln::Options::freeze).
 inline ir::Graph fold_conv_affine(const ir::Graph& g) {
     using ir::Kind;
     const std::vector<int> uses = g.use_counts();
@@ -201,14 +200,6 @@ inline ir::Graph fold_conv_affine(const ir::Graph& g) {
             if (!rw->operands[q].defined() && q >= n.in.size())
                 throw InternalError("kiln: fold_conv_affine: " + n.call->key + " folded into an op with operand " + std::to_string(q) +
                                     " unbound");
-        // relu commutes with the view: relu(view(y)) = view(relu(y))
-        const int r = only_reader(last);
-        if (r >= 0 && g[r].kind == Kind::elementwise && g[r].op == ops::op_id<ops::Relu> && g[r].dtype == n.dtype &&
-            g[r].shape == shape && rw->op->with_relu)
-            if (std::shared_ptr<const ir::CallOp> with = rw->op->with_relu()) {
-                rw->op = std::move(with);
-                last = r;
-            }
         at.emplace(last, Fold{c, view, std::move(*rw)});
     }
     if (at.empty()) return g;
