@@ -410,6 +410,22 @@ TEST_CASE("cuda_blas: batched products broadcast the batch" * doctest::skip(kiln
     CHECK(r.shape() == Shape{3, 4, 6});
 }
 
+TEST_CASE("cuda_blas: a batch that does not merge into the rows (a seq-first view of batch-first memory) @ a matrix" *
+          doctest::skip(kiln_test::no_cuda())) {
+    // (S, B, k) seen through (B, S, k) memory: one copy, then one GEMM of S * B rows (m < 128), with
+    // a bias epilogue as a Linear layer's; m >= 128 stays a batched GEMM over the views
+    kiln::manual_seed(23);
+    for (const std::int64_t s : {8, 130}) {
+        CAPTURE(s);
+        const Tensor x = kiln::randn({5, s, 24}), w = kiln::randn({24, 40}), bias = kiln::randn({40});
+        const Tensor xs = x.transpose(0, 1);  // (s, 5, 24), strides (24, 24 * s, 1)
+        const Tensor dbias = cuda(bias);
+        const Tensor want = Tensor(ref_matmul(xs, w) + bias.to(DType::f64));
+        CHECK(rel_err(gpu_matmul(cuda(x).transpose(0, 1), cuda(w), {s, 5, 40}, DType::f32, Epilogue{Act::none, true}, &dbias), want) < 1e-5);
+        CHECK(rel_err(gpu_matmul(cuda(x).transpose(0, 1), cuda(w), {s, 5, 40}, DType::f32), ref_matmul(xs, w)) < 1e-5);
+    }
+}
+
 TEST_CASE("cuda_blas: 1-D operands" * doctest::skip(kiln_test::no_cuda())) {
     kiln::manual_seed(18);
     const Tensor v = kiln::randn({5}), w = kiln::randn({5}), m = kiln::randn({5, 6}), n = kiln::randn({4, 5});

@@ -177,9 +177,17 @@ inline Tensor run_matmul(const Tensor& a_in, const Tensor& b_in, Epilogue epi, c
             run_act_pass(dt, act_after, c3.data_ptr(), c3.numel(), index, stream);
         }
     } else {
-        const Tensor ad = a.to(dt, loc);
+        Tensor ad = a.to(dt, loc);
         Tensor a3, b3, cg = c3;
         Strides st;
+        // (..., m, k) @ (k, n) whose batch dims do not merge into the rows (a transposed batch: a
+        // seq-first view of batch-first memory, as torch's nn.MultiheadAttention exports it): a
+        // batched GEMM of nb products of m < 128 rows fills cuBLASLt's tiles poorly (BERT's QKV
+        // projection on (128, 8, 768): 128 GEMMs of 8 rows). One copy of a, then one GEMM of nb * m
+        // rows, as torch's matmul copies; the copy moves (nb * m * k) elements, ~66 / n of the GEMM's
+        // time at f32 rates.
+        if (nb > 1 && b.rank() == 2 && m < 128 && !kiln::detail::view_strides(ad.shape(), ad.strides(), Shape{nb * m, k}, st))
+            ad = ad.contiguous();
         if (nb > 1 && b.rank() == 2 && kiln::detail::view_strides(ad.shape(), ad.strides(), Shape{nb * m, k}, st) &&
             gemm_operand(Tensor(ad.storage(), ad.offset(), Shape{1, nb * m, k}, Strides{0, st[0], st[1]}, dt))) {
             // (..., m, k) @ (k, n) with a's batch dims merging into its rows: one GEMM of nb*m rows
