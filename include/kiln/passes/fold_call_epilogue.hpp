@@ -45,7 +45,6 @@ inline ir::Graph fold_call_epilogue(const ir::Graph& g) {
         Fold f;
         f.call = c;
         std::shared_ptr<const ir::CallOp> op = n.call;
-        std::vector<int> absorbed;
         int last = c;
         if (const int a = only_reader(c); a >= 0 && op->with_residual && g[a].kind == Kind::elementwise && g[a].op == ops::op_id<ops::Add> &&
                                           g[a].in.size() == 2 && g[a].dtype == n.dtype && g[a].shape == n.shape) {
