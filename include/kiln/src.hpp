@@ -15,3 +15,4 @@
 #include "kiln/nn/bert.hpp"
 #include "kiln/nn/tokenizer.hpp"
 #include "kiln/dist.hpp"
+#include "kiln/export.hpp"

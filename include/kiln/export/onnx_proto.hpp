@@ -10,3 +10,12 @@
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
+
+// KILN_ONNX_HEADER_ONLY: whether this translation unit compiles the definitions of ONNX export and
+// import: in header-only mode, and in separate compilation only in the one translation unit that
+// builds kiln::onnx_compiled (src/kiln_onnx_compiled.cpp defines KILN_BUILDING_ONNX_LIBRARY).
+#if !defined(KILN_SEPARATE_COMPILATION) || defined(KILN_BUILDING_ONNX_LIBRARY)
+#define KILN_ONNX_HEADER_ONLY 1
+#else
+#define KILN_ONNX_HEADER_ONLY 0
+#endif
