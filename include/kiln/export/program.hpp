@@ -4,17 +4,12 @@
 // (export/program_file.hpp) that needs no C++ source to run. docs/EXPORT.md describes the format.
 #pragma once
 
-#include <algorithm>
-#include <bit>
-#include <cctype>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <source_location>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -26,8 +21,6 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/factories.hpp"
 #include "kiln/core/function_ref.hpp"
-#include "kiln/ir/printer.hpp"
-#include "kiln/passes/pipeline.hpp"
 #include "kiln/trace/tracer.hpp"
 
 namespace kiln {
