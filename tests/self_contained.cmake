@@ -2,7 +2,9 @@
 # <kiln/dist.hpp> without kiln.hpp first): runs the C++ compiler with -fsyntax-only on a one-line
 # file per header, in separate compilation (the mode where a missing include is not covered by an
 # _impl.hpp that happens to include it) and with the CUDA backend when the build has it.
-#   cmake -DCXX=... -DINCLUDE_DIR=<include/> -DINCLUDES=<dir;dir> [-DCUDA_INCLUDE=<dir>] -DWORK=<dir> -P self_contained.cmake
+#   cmake -DCXX=... -DINCLUDE_DIR=<include/> -DINCLUDES=<dir;dir> [-DCUDA_INCLUDE=<dir>] -DWORK=<dir>
+#         [-DPART=k -DPARTS=n] -P self_contained.cmake
+# PART/PARTS: check only the headers k, k+n, k+2n, ... of the sorted list (ctest runs the parts in parallel).
 foreach(v CXX INCLUDE_DIR INCLUDES WORK)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "self_contained.cmake: pass -D${v}=...")
@@ -21,6 +23,18 @@ file(GLOB headers RELATIVE ${INCLUDE_DIR} ${INCLUDE_DIR}/kiln/*.hpp ${INCLUDE_DI
      ${INCLUDE_DIR}/kiln/export/*.hpp ${INCLUDE_DIR}/kiln/ops/*.hpp)
 list(FILTER headers EXCLUDE REGEX "_impl\\.hpp$|/src\\.hpp$|/export/onnx")
 list(SORT headers)
+if(DEFINED PARTS)
+  set(mine "")
+  set(i 0)
+  foreach(h IN LISTS headers)
+    math(EXPR r "${i} % ${PARTS}")
+    if(r EQUAL PART)
+      list(APPEND mine ${h})
+    endif()
+    math(EXPR i "${i} + 1")
+  endforeach()
+  set(headers ${mine})
+endif()
 file(MAKE_DIRECTORY ${WORK})
 set(failed "")
 foreach(h IN LISTS headers)

@@ -174,7 +174,7 @@ void fused_tile_at(const E& e, const EvalState& st, std::int64_t start, std::int
             lp[k] = b;
         }
     }
-    T sc[ns ? ns : 1];
+    T sc[ns ? ns : 1] = {};
     for (std::size_t s = 0; s < ns; ++s) sc[s] = static_cast<T>(st.scalars()[s]);
     fused_tile<T>(e, lp, sc, dst, len);
 }

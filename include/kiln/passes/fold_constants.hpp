@@ -26,10 +26,10 @@ inline ir::Graph fold_constants(ir::Graph g) {
         bool ok = false;
         kiln::visit_compute_dtype(n.ct, [&](auto tag) {
             using T = typename decltype(tag)::type;
-            const kiln::detail::TileKernel<T> k = kiln::detail::tile_kernel<T>(n.op);
+            const kiln::detail::AnyTileKernel k = kiln::detail::any_tile_kernel(n.op, n.ct, 0);
             if (!k) return;
             T a[3] = {};
-            const T* in[3] = {&a[0], &a[1], &a[2]};
+            const void* in[3] = {&a[0], &a[1], &a[2]};
             for (std::size_t q = 0; q < n.in.size(); ++q) a[q] = static_cast<T>(g[n.in[q]].value);
             T r{};
             k(in, &r, 1, n.attr);  // the kernel itself, so folding rounds exactly as running would

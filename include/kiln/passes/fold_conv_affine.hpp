@@ -79,10 +79,10 @@ private:
         std::optional<std::vector<double>> out;
         kiln::visit_compute_dtype(n.ct, [&](auto tag) {
             using T = typename decltype(tag)::type;
-            const kiln::detail::TileKernel<T> k = kiln::detail::tile_kernel<T>(n.op);
+            const kiln::detail::AnyTileKernel k = kiln::detail::any_tile_kernel(n.op, n.ct, 0);
             if (!k) return;
             std::vector<std::vector<T>> a(args.size(), std::vector<T>(len));
-            const T* in[3] = {};
+            const void* in[3] = {};
             for (std::size_t q = 0; q < args.size(); ++q) {
                 for (std::size_t i = 0; i < len; ++i) a[q][i] = static_cast<T>((*args[q])[args[q]->size() == 1 ? 0 : i]);
                 in[q] = a[q].data();

@@ -11,10 +11,6 @@
 
 namespace kiln::detail {
 
-/// out[i] = Op(in[0][i], ...) for i < n, in compute type T.
-template <class T>
-using TileKernel = void (*)(const T* const* in, T* out, std::int64_t n, DType attr);
-
 /// Whether Op is ever evaluated in compute type T (float-only ops never see integers).
 template <class Op, class T>
 inline constexpr bool op_runs_in = Op::rule != ops::DTypeRule::float_math || std::is_floating_point_v<T>;
@@ -72,16 +68,6 @@ void any_op_tile(const void* const* in, void* out, std::int64_t n, DType attr) {
 /// scalars must be 0. nullptr where the op never runs in ct. (Every op in every compute type:
 /// compiled once, in tables/op_kernels_impl.hpp.)
 KILN_DECL AnyTileKernel any_tile_kernel(ops::OpId id, DType ct, unsigned scalars);
-
-/// The kernel for op id in compute type T (nullptr where the op never runs in T).
-template <class T>
-inline TileKernel<T> tile_kernel(ops::OpId id) {
-    return ops::visit_op(id, [](auto tag) -> TileKernel<T> {
-        using Op = typename decltype(tag)::type;
-        if constexpr (op_runs_in<Op, T>) return &op_tile<Op, T>;
-        else return nullptr;
-    });
-}
 
 }  // namespace kiln::detail
 
