@@ -68,7 +68,7 @@ mapfile -t STAGE1_TARGETS < <(echo kiln_cuda_tests  # the CUDA tests' executable
 cmake --build "$B" -j"$JOBS" --target "${STAGE1_TARGETS[@]}"
 run_ctest "$B" -LE '^unit$'
 # test cases doctest skipped (the GPU tests, on a machine without a GPU): reported, never counted as passed
-SKIPPED="$(grep -hoE '[|] *[0-9]+ skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')"
+SKIPPED="$(grep -hoE '^\[kiln\] [0-9]+ test cases skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')"
 stage_end 1
 
 if [ "$QUICK" = 1 ]; then
@@ -77,7 +77,7 @@ if [ "$QUICK" = 1 ]; then
   # kiln_unit_tests: every executable of the "unit" tests (tests/CMakeLists.txt)
   cmake --build "$B" -j"$JOBS" --target kiln_unit_tests
   run_ctest "$B" -L '^unit$'
-  SKIPPED=$((SKIPPED + $(grep -hoE '[|] *[0-9]+ skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')))
+  SKIPPED=$((SKIPPED + $(grep -hoE '^\[kiln\] [0-9]+ test cases skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')))
   stage_end 2
 else
   # -------------------------------------------------------------------------
@@ -102,7 +102,7 @@ else
   # build 415 s against 652 s on the dev VM, 2026-11-29)
   cmake --build "$B" -j"$JOBS" --target kiln_unit_tests
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_ctest "$B" -L '^unit$'
-  SKIPPED=$((SKIPPED + $(grep -hoE '[|] *[0-9]+ skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')))
+  SKIPPED=$((SKIPPED + $(grep -hoE '^\[kiln\] [0-9]+ test cases skipped' "$B/Testing/Temporary/LastTest.log" | awk '{s += $2} END {print s + 0}')))
   stage_end 2
 
   # -------------------------------------------------------------------------
