@@ -21,8 +21,9 @@ left_out_suites=no_gpu,download
 [ "$gpus" -ge 4 ] || left_out_suites=no_gpu,download,multi_gpu4
 [ "$gpus" -ge 2 ] || left_out_suites=no_gpu,download,multi_gpu,multi_gpu4
 echo "== $gpus GPUs: suites left out: $left_out_suites"
-# test_cuda_codegen compiles every kernel family for sm_80 too here (CI compiles for sm_90 only)
-export KILN_TEST_CUDA_ARCHS="${KILN_TEST_CUDA_ARCHS:-80,90}"
+# test_cuda_codegen compiles every kernel family for sm_80 too here, to cubins (CI compiles for
+# sm_90 only, to PTX)
+export KILN_TEST_CUDA_ARCHS="${KILN_TEST_CUDA_ARCHS:-80,90}" KILN_TEST_CUDA_SASS="${KILN_TEST_CUDA_SASS:-1}"
 for t in cuda_runtime cuda_nvrtc cuda_blas cuda_codegen cuda_ops cuda_semantics autograd dist bert nn nn_io ops_sweep shape_ops compile compile_semantics core expr errors cpu_backend; do
   exe="$B/tests/kiln_test_$t"
   [ -x "$exe" ] || { echo "== $t: not built in $B"; status=1; continue; }

@@ -137,6 +137,8 @@ private:
 inline CachingDeviceAllocator& device_allocator_at(int index) {
     static std::array<std::atomic<CachingDeviceAllocator*>, max_devices> allocators{};
     static std::mutex create;
+    if (index < 0 || index >= max_devices)  // the callers' check, restated where GCC sees it (-Wstringop-overflow)
+        throw DeviceError("kiln::cuda: device index " + std::to_string(index) + " is out of range");
     auto& slot = allocators[static_cast<std::size_t>(index)];
     if (CachingDeviceAllocator* a = slot.load(std::memory_order_acquire)) return *a;
     std::lock_guard lock(create);

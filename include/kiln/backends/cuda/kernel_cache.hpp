@@ -344,17 +344,17 @@ inline const std::string& cubin_for(const std::string& source, const std::string
     return slot->cubin.get();
 }
 
-/// The cubins of a program's kernels, in order, compiled in parallel (at most hardware_concurrency at once) through cubin_for.
-/// When some fail, all are still attempted, then the first failure (in order) is rethrown.
-inline std::vector<std::string> cubins_for(const std::vector<KernelSource>& sources, int arch) {
-    const std::size_t n = sources.size();
-    std::vector<std::string> out(n);
+namespace detail {
+/// f(i) for i in [0, n) on up to hardware_concurrency() threads (this one among them); an exception
+/// from f(i) is rethrown after all have run, the first by index.
+template <class F>
+void parallel_each(std::size_t n, F&& f) {
     std::vector<std::exception_ptr> errors(n);
     std::atomic<std::size_t> next{0};
     auto work = [&] {
         for (std::size_t i; (i = next.fetch_add(1)) < n;) {
             try {
-                out[i] = cubin_for(sources[i].source, sources[i].name, arch, sources[i].flags);
+                f(i);
             } catch (...) {
                 errors[i] = std::current_exception();
             }
@@ -375,6 +375,14 @@ inline std::vector<std::string> cubins_for(const std::vector<KernelSource>& sour
     for (std::thread& t : threads) t.join();
     for (const std::exception_ptr& e : errors)
         if (e) std::rethrow_exception(e);
+}
+}  // namespace detail
+
+/// The cubins of a program's kernels, in order, compiled in parallel (at most hardware_concurrency at once) through cubin_for.
+/// When some fail, all are still attempted, then the first failure (in order) is rethrown.
+inline std::vector<std::string> cubins_for(const std::vector<KernelSource>& sources, int arch) {
+    std::vector<std::string> out(sources.size());
+    detail::parallel_each(sources.size(), [&](std::size_t i) { out[i] = cubin_for(sources[i].source, sources[i].name, arch, sources[i].flags); });
     return out;
 }
 

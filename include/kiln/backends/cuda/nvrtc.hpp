@@ -124,17 +124,19 @@ inline int nvrtc_version() {
 #endif
 }
 
-/// Compiles self-contained CUDA C++ `source` to a cubin for sm_<arch> (no cache: see kiln::cache::cubin_for).
-/// Throws CompileError with the NVRTC log and the path of the saved source, or DeviceError without NVRTC.
-inline std::string compile_to_cubin(const std::string& source, const std::string& name, int arch,
-                                    const std::vector<std::string>& extra_flags = {}) {
+namespace detail {
+
+/// NVRTC on `source` for sm_<arch>: the cubin, or with `ptx` the PTX for compute_<arch> (NVRTC's
+/// front end and optimizer without ptxas, about half the time). Throws as compile_to_cubin.
+inline std::string nvrtc_compile(const std::string& source, const std::string& name, int arch, const std::vector<std::string>& extra_flags,
+                                 bool ptx) {
 #if defined(KILN_NVRTC_HAVE_API)
-    const std::vector<std::string> opts = detail::nvrtc_options(arch, extra_flags);
-    if (kiln::debug::log_on("output_code")) {
-        std::string flags;
-        for (const std::string& o : opts) flags += " " + o;
-        kiln::debug::log("output_code", "kernel " + name + " (nvrtc" + flags + "):\n" + source);
-    }
+    const std::string fn = ptx ? "kiln::cuda::compile_to_ptx" : "kiln::cuda::compile_to_cubin";
+    std::vector<std::string> opts = detail::nvrtc_options(arch, extra_flags);
+    if (ptx) opts[0] = "-arch=compute_" + std::to_string(arch);
+    std::string flags;
+    for (const std::string& o : opts) flags += " " + o;
+    if (kiln::debug::log_on("output_code")) kiln::debug::log("output_code", "kernel " + name + " (nvrtc" + flags + "):\n" + source);
     std::vector<const char*> argv;
     argv.reserve(opts.size());
     for (const std::string& o : opts) argv.push_back(o.c_str());
@@ -147,9 +149,7 @@ inline std::string compile_to_cubin(const std::string& source, const std::string
     if (r != NVRTC_SUCCESS) {
         const std::string log = detail::nvrtc_log(p.prog);
         const std::string saved = detail::save_failed_source(source, name);
-        std::string flags;
-        for (const std::string& o : opts) flags += " " + o;
-        throw CompileError("kiln::cuda::compile_to_cubin: kernel '" + name + "' failed to compile for sm_" +
+        throw CompileError(fn + ": kernel '" + name + "' failed to compile for " + (ptx ? "compute_" : "sm_") +
                            std::to_string(arch) + " (" + nvrtcGetErrorString(r) + "; flags:" + flags + "); " + saved +
                            "\nNVRTC log:\n" + log);
     }
@@ -157,20 +157,40 @@ inline std::string compile_to_cubin(const std::string& source, const std::string
         if (const std::string log = detail::nvrtc_log(p.prog); !log.empty())
             kiln::debug::log("output_code", "kernel " + name + " NVRTC log:\n" + log);
     std::size_t size = 0;
-    detail::nvrtc_check(nvrtcGetCUBINSize(p.prog, &size), "nvrtcGetCUBINSize", name);
+    detail::nvrtc_check(ptx ? nvrtcGetPTXSize(p.prog, &size) : nvrtcGetCUBINSize(p.prog, &size), ptx ? "nvrtcGetPTXSize" : "nvrtcGetCUBINSize",
+                        name);
     if (size == 0)
-        throw CompileError("kiln::cuda::compile_to_cubin: NVRTC returned an empty cubin for kernel '" + name +
-                           "' (sm_" + std::to_string(arch) + ")");
-    std::string cubin(size, '\0');
-    detail::nvrtc_check(nvrtcGetCUBIN(p.prog, cubin.data()), "nvrtcGetCUBIN", name);
-    return cubin;
+        throw CompileError(fn + ": NVRTC returned an empty " + std::string(ptx ? "PTX" : "cubin") + " for kernel '" +
+                           name + "' (sm_" + std::to_string(arch) + ")");
+    std::string out(size, '\0');
+    detail::nvrtc_check(ptx ? nvrtcGetPTX(p.prog, out.data()) : nvrtcGetCUBIN(p.prog, out.data()), ptx ? "nvrtcGetPTX" : "nvrtcGetCUBIN", name);
+    if (ptx)
+        while (!out.empty() && out.back() == '\0') out.pop_back();
+    return out;
 #else
     (void)source;
     (void)arch;
     (void)extra_flags;
-    throw DeviceError("kiln::cuda::compile_to_cubin: cannot compile kernel '" + name +
+    (void)ptx;
+    throw DeviceError(std::string(ptx ? "kiln::cuda::compile_to_ptx" : "kiln::cuda::compile_to_cubin") + ": cannot compile kernel '" + name +
                       "': kiln was built without the CUDA toolkit (NVRTC)");
 #endif
+}
+
+}  // namespace detail
+
+/// Compiles self-contained CUDA C++ `source` to a cubin for sm_<arch> (no cache: see kiln::cache::cubin_for).
+/// Throws CompileError with the NVRTC log and the path of the saved source, or DeviceError without NVRTC.
+inline std::string compile_to_cubin(const std::string& source, const std::string& name, int arch,
+                                    const std::vector<std::string>& extra_flags = {}) {
+    return detail::nvrtc_compile(source, name, arch, extra_flags, false);
+}
+
+/// The same source to PTX for compute_<arch> (no cache; NVRTC without ptxas): to read what kiln
+/// generates, or to check that it compiles where no cubin is needed (CI's NVRTC test).
+inline std::string compile_to_ptx(const std::string& source, const std::string& name, int arch,
+                                  const std::vector<std::string>& extra_flags = {}) {
+    return detail::nvrtc_compile(source, name, arch, extra_flags, true);
 }
 
 }  // namespace kiln::cuda
