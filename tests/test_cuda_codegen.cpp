@@ -192,7 +192,7 @@ std::vector<std::string> compile_sources(const std::vector<cache::KernelSource>&
 
 std::size_t compile_all(const std::vector<cache::KernelSource>& src, std::vector<int> archs = test_archs()) {
     const std::string& pre = cuda::detail::prelude();
-    MESSAGE("compiling " << src.size() << " sources to " << (test_sass() ? "cubins" : "PTX (KILN_TEST_CUDA_SASS=1: cubins)"));
+    MESSAGE("compiling " << src.size() << " sources to " << std::string(test_sass() ? "cubins" : "PTX (KILN_TEST_CUDA_SASS=1: cubins)"));
     std::size_t covered = 0;
     for (int arch : archs) {
         // the text the runtime compiles for the architecture (kernel_cache.hpp's device_kernel_text):
