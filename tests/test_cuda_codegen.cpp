@@ -419,6 +419,19 @@ TEST_CASE("a broken kernel surfaces as CompileError with the NVRTC log and the s
         CHECK(m.find("undefined_thing") != std::string::npos);
         CHECK(m.find(".cu") != std::string::npos);
     }
+    // to PTX: the same error, naming compile_to_ptx and the virtual architecture
+    try {
+        (void)cuda::compile_to_ptx("extern \"C\" __global__ void k() { undefined_thing(); }", "kiln_broken", 90);
+        FAIL("no CompileError");
+    } catch (const CompileError& e) {
+        const std::string m = e.what();
+        CHECK(m.find("kiln::cuda::compile_to_ptx: kernel 'kiln_broken' failed to compile for compute_90") != std::string::npos);
+        CHECK(m.find("undefined_thing") != std::string::npos);
+    }
+    const std::string ptx = cuda::compile_to_ptx("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }", "kiln_ok", 90);
+    CHECK(ptx.find(".target sm_90") != std::string::npos);
+    CHECK(ptx.find(".entry k(") != std::string::npos);
+    CHECK(ptx.back() != '\0');  // no terminator kept
 }
 
 TEST_CASE("gather / scatter / scatter_add kernels compile for every mode, dtype, index dtype, rank and dim") {
