@@ -127,7 +127,8 @@ inline int nvrtc_version() {
 namespace detail {
 
 /// NVRTC on `source` for sm_<arch>: the cubin, or with `ptx` the PTX for compute_<arch> (NVRTC's
-/// front end and optimizer without ptxas, about half the time). Throws as compile_to_cubin.
+/// front end and optimizer without ptxas: 0.36 s against 0.84 s for bf16 attention, 4.35 against
+/// 5.45 s for the f32 one, NVRTC 13.0 on the dev VM). Throws as compile_to_cubin.
 inline std::string nvrtc_compile(const std::string& source, const std::string& name, int arch, const std::vector<std::string>& extra_flags,
                                  bool ptx) {
 #if defined(KILN_NVRTC_HAVE_API)
