@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.hpp"
+
 namespace {
 
 using namespace kiln;
@@ -182,9 +184,9 @@ bool test_sass() {
     return env && *env ? std::string(env) != "0" : cuda::is_available();
 }
 
-/// The sources' cubins for sm_<arch> through the kernel cache, or (test_sass() false) their PTX.
-std::vector<std::string> compile_sources(const std::vector<cache::KernelSource>& src, int arch) {
-    if (test_sass()) return cache::cubins_for(src, arch);
+/// The sources' cubins for sm_<arch> through the kernel cache (`sass`: test_sass()), or their PTX.
+std::vector<std::string> compile_sources(const std::vector<cache::KernelSource>& src, int arch, bool sass) {
+    if (sass) return cache::cubins_for(src, arch);
     std::vector<std::string> out(src.size());
     cache::detail::parallel_each(src.size(), [&](std::size_t i) { out[i] = cuda::compile_to_ptx(src[i].source, src[i].name, arch, src[i].flags); });
     return out;
@@ -192,7 +194,8 @@ std::vector<std::string> compile_sources(const std::vector<cache::KernelSource>&
 
 std::size_t compile_all(const std::vector<cache::KernelSource>& src, std::vector<int> archs = test_archs()) {
     const std::string& pre = cuda::detail::prelude();
-    MESSAGE("compiling " << src.size() << " sources to " << std::string(test_sass() ? "cubins" : "PTX (KILN_TEST_CUDA_SASS=1: cubins)"));
+    const bool sass = test_sass();
+    MESSAGE("compiling " << src.size() << " sources to " << std::string(sass ? "cubins" : "PTX (KILN_TEST_CUDA_SASS=1: cubins)"));
     std::size_t covered = 0;
     for (int arch : archs) {
         // the text the runtime compiles for the architecture (kernel_cache.hpp's device_kernel_text):
@@ -225,13 +228,13 @@ std::size_t compile_all(const std::vector<cache::KernelSource>& src, std::vector
         }
         std::vector<std::string> out;
         try {
-            out = compile_sources(units, arch);
+            out = compile_sources(units, arch, sass);
         } catch (const CompileError&) {  // find the kernel: each source alone
-            out = compile_sources(text, arch);
+            out = compile_sources(text, arch, sass);
         }
         REQUIRE(out.size() == units.size());
         const std::string target = ".target sm_" + std::to_string(arch);
-        for (const auto& c : out) CHECK((test_sass() ? c.rfind("\x7f" "ELF", 0) == 0 : c.find(target) != std::string::npos));
+        for (const auto& c : out) CHECK((sass ? c.rfind("\x7f" "ELF", 0) == 0 : c.find(target) != std::string::npos));
         covered = duplicates;  // every source compiled, alone or in a batch, or a duplicate of one that was
         for (const auto& m : members) covered += m.size();
     }
@@ -411,23 +414,14 @@ TEST_CASE("groups computing the same thing at different places in a graph give o
 
 TEST_CASE("a broken kernel surfaces as CompileError with the NVRTC log and the saved source") {
     TempCache tc;
-    try {
-        (void)cache::cubin_for("extern \"C\" __global__ void k() { undefined_thing(); }", "kiln_broken", 90);
-        FAIL("no CompileError");
-    } catch (const CompileError& e) {
-        const std::string m = e.what();
-        CHECK(m.find("undefined_thing") != std::string::npos);
-        CHECK(m.find(".cu") != std::string::npos);
-    }
+    const std::string broken = "extern \"C\" __global__ void k() { undefined_thing(); }";
+    const std::string m = kiln_test::message_of<CompileError>([&] { (void)cache::cubin_for(broken, "kiln_broken", 90); });
+    CHECK(m.find("undefined_thing") != std::string::npos);
+    CHECK(m.find(".cu") != std::string::npos);
     // to PTX: the same error, naming compile_to_ptx and the virtual architecture
-    try {
-        (void)cuda::compile_to_ptx("extern \"C\" __global__ void k() { undefined_thing(); }", "kiln_broken", 90);
-        FAIL("no CompileError");
-    } catch (const CompileError& e) {
-        const std::string m = e.what();
-        CHECK(m.find("kiln::cuda::compile_to_ptx: kernel 'kiln_broken' failed to compile for compute_90") != std::string::npos);
-        CHECK(m.find("undefined_thing") != std::string::npos);
-    }
+    const std::string mp = kiln_test::message_of<CompileError>([&] { (void)cuda::compile_to_ptx(broken, "kiln_broken", 90); });
+    CHECK(mp.find("kiln::cuda::compile_to_ptx: kernel 'kiln_broken' failed to compile for compute_90") != std::string::npos);
+    CHECK(mp.find("undefined_thing") != std::string::npos);
     const std::string ptx = cuda::compile_to_ptx("extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }", "kiln_ok", 90);
     CHECK(ptx.find(".target sm_90") != std::string::npos);
     CHECK(ptx.find(".entry k(") != std::string::npos);

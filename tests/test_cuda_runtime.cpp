@@ -31,21 +31,7 @@ namespace cuda = kiln::cuda;
 
 constexpr const char* this_file = "test_cuda_runtime.cpp:";
 
-/// The message of the E that f throws; fails the test when f throws nothing or something else.
-template <class E, class F>
-std::string message_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        CHECK(typeid(e) == typeid(E));
-        return e.what();
-    } catch (const std::exception& e) {
-        FAIL_CHECK("threw " << typeid(e).name() << " instead of " << typeid(E).name() << ": " << e.what());
-        return {};
-    }
-    FAIL_CHECK("threw nothing, expected " << typeid(E).name());
-    return {};
-}
+using kiln_test::message_of;
 
 /// Checks that every part appears in msg.
 void check_contains(const std::string& msg, std::initializer_list<std::string> parts) {

@@ -12,27 +12,15 @@
 
 #include <kiln/kiln.hpp>
 
+#include "test_util.hpp"
+
 namespace {
 
 using kiln::DType;
 using kiln::Shape;
 using kiln::Tensor;
 
-/// The message of the E that f throws; fails the test when f throws nothing or something else.
-template <class E, class F>
-std::string message_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        CHECK(typeid(e) == typeid(E));  // the exact type, not a sibling caught through a base
-        return e.what();
-    } catch (const std::exception& e) {
-        FAIL_CHECK("threw " << typeid(e).name() << " instead of " << typeid(E).name() << ": " << e.what());
-        return {};
-    }
-    FAIL_CHECK("threw nothing, expected " << typeid(E).name());
-    return {};
-}
+using kiln_test::message_of;
 
 /// Checks "kiln::<op>: ... at test_errors.cpp:<line>" and that every part appears.
 void check_message(const std::string& msg, int line, std::initializer_list<const char*> parts) {

@@ -129,21 +129,7 @@ bool same_tensor(const Tensor& a, const Tensor& b) {
     return ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
 }
 
-/// The message of the E that f throws; fails the test when f throws nothing or something else.
-template <class E, class F>
-std::string message_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        CHECK(typeid(e) == typeid(E));  // the exact type, not a sibling caught through a base
-        return e.what();
-    } catch (const std::exception& e) {
-        FAIL_CHECK("threw " << typeid(e).name() << " instead of " << typeid(E).name() << ": " << e.what());
-        return {};
-    }
-    FAIL_CHECK("threw nothing, expected " << typeid(E).name());
-    return {};
-}
+using kiln_test::message_of;
 
 /// Checks "kiln::<op>: ... at test_nn_io.cpp:<line>" and that every part appears.
 void check_message(const std::string& msg, int line, std::initializer_list<std::string> parts) {

@@ -7,11 +7,29 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 namespace kiln_test {
+
+/// The message of the E that f throws; fails the test when f throws nothing or something else.
+template <class E, class F>
+std::string message_of(F&& f) {
+    try {
+        f();
+    } catch (const E& e) {
+        CHECK(typeid(e) == typeid(E));  // the exact type, not a sibling caught through a base
+        return e.what();
+    } catch (const std::exception& e) {
+        FAIL_CHECK("threw " << typeid(e).name() << " instead of " << typeid(E).name() << ": " << e.what());
+        return {};
+    }
+    FAIL_CHECK("threw nothing, expected " << typeid(E).name());
+    return {};
+}
 
 /// Largest difference between a and b relative to max(1, |b|), both copied to the host first.
 /// Shapes must match; NaN equals NaN and an infinity equals itself, while NaN or an infinity
