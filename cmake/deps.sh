@@ -34,10 +34,21 @@ kiln_ensure_deps() {
     [[ " ${missing[*]-} " == *" make "* ]] || missing+=(make)
   fi
 
+  if command -v dpkg >/dev/null 2>&1; then
+    for pkg in "${optional[@]}"; do
+      dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed' || opt_missing+=("$pkg")
+    done
+  fi
+  # one `apt-get update` for both lists (a fresh machine misses both: each update takes 10-30 s)
+  local can_apt=0
+  [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 && can_apt=1
+  if [ "$can_apt" = 1 ] && [ "$((${#missing[@]} + ${#opt_missing[@]}))" -gt 0 ]; then
+    apt-get update || [ "${#missing[@]}" -eq 0 ] || return 1
+  fi
+
   if [ "${#missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    if [ "$can_apt" = 1 ]; then
       echo "kiln: installing missing packages: ${missing[*]}"
-      apt-get update || return 1
       DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" || return 1
     else
       echo "kiln: missing packages: ${missing[*]} ; run: sudo apt-get install -y ${missing[*]}" >&2
@@ -45,22 +56,16 @@ kiln_ensure_deps() {
     fi
   fi
 
-  if command -v dpkg >/dev/null 2>&1; then
-    for pkg in "${optional[@]}"; do
-      dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed' || opt_missing+=("$pkg")
-    done
-  fi
   if [ "${#opt_missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    if [ "$can_apt" = 1 ]; then
       echo "kiln: installing optional packages (ONNX export): ${opt_missing[*]}"
-      { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${opt_missing[@]}"; } ||
+      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${opt_missing[@]}" ||
         echo "kiln: could not install ${opt_missing[*]}; building without ONNX export" >&2
     else
       echo "kiln: optional packages missing (ONNX export is not built without them): sudo apt-get install -y ${opt_missing[*]}" >&2
     fi
   fi
 
-  # Version floors (apt cannot fix these on an old distro; just report).
   local gxx_ver cmake_ver
   gxx_ver="$(g++ -dumpfullversion -dumpversion 2>/dev/null || echo 0)"
   cmake_ver="$(cmake --version 2>/dev/null | sed -n '1s/^cmake version //p')"
