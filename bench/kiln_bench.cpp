@@ -510,7 +510,10 @@ void bench_softmax(Bench& b) {
                 kiln_bench_hand::softmax_rows(x.data<float>(), h.data<float>(), cols, r0, r1);
             });
         });
-        check_close(name + " hand", h, y, 1e-6);
+        // 1e-5 as the other hand rows: the hand loop's xsimd exp and its sum over 1024 columns run at
+        // the width the bench was built for (SSE2 without KILN_NATIVE), kiln's at the CPU's; with
+        // KILN_NATIVE=OFF on an AVX-512 Xeon they differed by 1.07e-6 (2026-11-29)
+        check_close(name + " hand", h, y, 1e-5);
     }
 }
 

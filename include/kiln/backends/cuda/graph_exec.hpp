@@ -648,6 +648,10 @@ inline unsigned row_blocks(const RowSignature& sig, std::int64_t rows) {
     return static_cast<unsigned>(std::min<std::int64_t>((rows + per_block - 1) / per_block, (std::int64_t{1} << 31) - 1));
 }
 
+/// The largest rows x row length of a row group max_autotune leaves untimed where its rows are
+/// fewer than the multiprocessors (run_row).
+inline constexpr std::int64_t row_untimed_values = std::int64_t{1} << 16;
+
 /// The launch shapes max_autotune tries for a row group: the heuristic's first, then half and
 /// twice its lanes per short row and a block per row, or half and twice the vectors per thread of
 /// a block per row (at most 64 values per thread and row-varying node: registers).
@@ -673,7 +677,8 @@ inline std::vector<RowSignature> row_candidates(const RowSignature& base, std::i
     return cands;
 }
 
-/// max_autotune's launch shape for a row group (Autotune on, not capturing): row_candidates
+/// max_autotune's launch shape for a row group (Autotune on, not capturing; `untimed`: the
+/// heuristic's `base`, logged once): row_candidates
 /// compiled together, each timed on the call's operands (the best of 3 rounds of 5 launches back
 /// to back; the output is written, so the caller checks that it reads none of it), the fastest
 /// kept unless the heuristic's is within 3%.
@@ -682,19 +687,26 @@ inline std::vector<RowSignature> row_candidates(const RowSignature& base, std::i
 /// kiln's version; used only where the key text matches). Queued launches are flushed first: the
 /// timed runs read what they write.
 inline RowSignature tune_row_signature(const ir::Graph& g, const fuse::Group& G, const std::vector<int>& stored, const RowSignature& base,
-                                       std::int64_t nv, const RowLayout& lay, std::int64_t per_thread, Args& args, int device,
-                                       KernelMemo& memo, Launcher& L) {
+                                       std::int64_t nv, const RowLayout& lay, std::int64_t per_thread, bool untimed, Args& args,
+                                       int device, KernelMemo& memo, Launcher& L) {
     const std::string choice_key = base.key() + "/" + std::to_string(lay.rows);
     {
         std::lock_guard lock(memo.mu);
         if (auto it = memo.tuned.find(choice_key); it != memo.tuned.end()) return it->second;
     }
-    const std::vector<RowSignature> cands = row_candidates(base, nv, lay.L, per_thread);
     auto remember = [&](const RowSignature& c) {
         std::lock_guard lock(memo.mu);
         memo.tuned.emplace(choice_key, c);
         return c;
     };
+    if (untimed) {  // (run_row: a latency-bound kernel)
+        if (debug::log_on("autotune"))
+            debug::log("autotune", "row kernel " + base.key() + ", " + std::to_string(lay.rows) + " rows of " + std::to_string(lay.L) +
+                                       ": not timed (fewer rows than multiprocessors and few values: its latency, which launches"
+                                       " back to back do not measure), the heuristic's shape");
+        return remember(base);
+    }
+    const std::vector<RowSignature> cands = row_candidates(base, nv, lay.L, per_thread);
     // the disk entry of another process that tuned this kernel for this GPU and row count
     const DeviceProperties& props = properties(device);
     const std::string text = "kiln row autotune v1; " + props.name + " sm_" + std::to_string(props.arch()) + "; kiln " + kiln::version +
@@ -809,7 +821,12 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
     sig.vec = vec;
     sig.idx64 = !small || lay.rows * lay.L >= (std::int64_t{1} << 30);
     const std::int64_t nv = (lay.L + vec - 1) / vec;
-    const std::int64_t per_thread = std::max<std::int64_t>(1, Tuning::get().row_elems / vec);  // vectors per thread
+    // vectors per thread: half as many where the rows are fewer than the multiprocessors (a block
+    // per row, each block's chain of loads is the kernel's time: bert-base's residual + LayerNorm
+    // rows at batch 1, 9 rows of 768, measured 252.5-253.1 against 257.1-257.6 us a forward on the
+    // H200; at 8 x 128, 1024 rows, halving measured 657 against 625 us, so many rows keep row_elems)
+    const bool few_rows = lay.rows < properties(device).sm_count;
+    const std::int64_t per_thread = std::max<std::int64_t>(1, Tuning::get().row_elems / vec / (few_rows ? 2 : 1));
     shape_row_signature(sig, nv, lay.L, short_row_lanes(nv, 32 * per_thread), per_thread);  // short rows: several per block
     std::vector<int> stored(G.outputs.begin(), G.outputs.end());
     Args a;
@@ -823,11 +840,17 @@ inline void run_row(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor
         if (sig.inner_access[k] == Access::strided || sig.inner_access[k] == Access::inner)
             for (auto s : lay.si[k]) a.add(s);
     }
+    // max_autotune leaves a small kernel of few rows (fewer than the multiprocessors, at most
+    // row_untimed_values values) to the heuristic: its time is its latency in the program's chain
+    // of kernels, which launches of it back to back do not measure (bert-base at batch 1: the
+    // candidates of its 9-row LayerNorm timed 3.0-3.5 us each, the pick changing from process to
+    // process, and the picks ran the forward 5-30 us slower than the heuristic's shape)
+    const bool untimed = few_rows && lay.rows * lay.L <= row_untimed_values;
     if (tuning) {
         bool aliased = false;  // timing runs the kernel several times: never where it writes what it reads
         for (const Tensor& o : outs)
             for (int leaf : G.leaves) aliased = aliased || o.storage() == vals[static_cast<std::size_t>(leaf)].storage();
-        if (!aliased) sig = tune_row_signature(g, G, stored, sig, nv, lay, per_thread, a, device, memo, L);
+        if (!aliased) sig = tune_row_signature(g, G, stored, sig, nv, lay, per_thread, untimed, a, device, memo, L);
     }
     const std::string key = sig.key();
     const unsigned grid = row_blocks(sig, lay.rows), block = static_cast<unsigned>(sig.threads);
