@@ -66,6 +66,7 @@ kiln_ensure_deps() {
     fi
   fi
 
+  # Version floors (apt cannot fix these on an old distro; just report).
   local gxx_ver cmake_ver
   gxx_ver="$(g++ -dumpfullversion -dumpversion 2>/dev/null || echo 0)"
   cmake_ver="$(cmake --version 2>/dev/null | sed -n '1s/^cmake version //p')"

@@ -655,8 +655,9 @@ TEST_CASE("cuda: max_autotune and max_autotune_no_cudagraphs match eager; the fi
         else CHECK(s1.replays == s0.replays);
     }
     // row kernels' launch shapes are timed too (short rows: lanes per row; long rows: threads and
-    // vectors per thread), and every shape gives the CPU's result (300 rows: more than any GPU's
-    // multiprocessors, below which small row kernels are not timed: next)
+    // vectors per thread), and every shape gives the CPU's result (300 rows: more than the
+    // multiprocessors of an H100 / H200 (132) or a B200 (148); below that small row kernels are
+    // not timed: next)
     kiln_test::LogCapture logs("autotune");
     for (std::int64_t L : {9, 48, 1000, 4096}) {
         CAPTURE(L);
