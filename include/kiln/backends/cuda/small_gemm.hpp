@@ -40,12 +40,19 @@ struct SmallGemmSignature {
 };
 
 /// The warps of a block for a product over k with `mtiles` tiles of 16 rows: one per 3 pieces of
-/// 32 k's, from 8 up to 32 (16 with 3 or 4 tiles: the partial sums' shared memory). A block has
-/// only 8 columns, so a long k (bert-base's 3072 -> 768 at 8 tokens: 96 blocks of 96 pieces) is
-/// otherwise a long chain of loads in few warps per multiprocessor.
+/// 32 k's (KILN_CUDA_SMALL_GEMM_PIECES at start-up, 1-8), from 8 up to 32 (16 with 3 or 4 tiles:
+/// the partial sums' shared memory). A block has only 8 columns, so a long k (bert-base's 3072 ->
+/// 768 at 8 tokens: 96 blocks of 96 pieces) is otherwise a long chain of loads in few warps per
+/// multiprocessor. Measured on the H200 (bert-base bf16 at batch 1, us a forward, 2026-11-29): 3
+/// pieces a warp 253.5-254.9, 2 (16 warps at k = 768) 305-307, 1 403-405, 6 or 8 (16 warps for
+/// the 3072-long k) 263.
 inline int small_gemm_warps(std::int64_t k, int mtiles) {
+    static const int per_warp = [] {
+        const char* e = std::getenv("KILN_CUDA_SMALL_GEMM_PIECES");
+        return e ? std::clamp(std::atoi(e), 1, 8) : 3;
+    }();
     const std::int64_t pieces = (k + 31) / 32;
-    const int w = pieces <= 24 ? 8 : pieces <= 48 ? 16 : 32;
+    const int w = pieces <= 8 * per_warp ? 8 : pieces <= 16 * per_warp ? 16 : 32;
     return std::min(w, mtiles <= 2 ? 32 : 16);
 }
 
