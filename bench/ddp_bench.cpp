@@ -8,7 +8,8 @@
 //
 // Options: --workloads mlp_train,bert_layer_train,resnet18_train  --methods compiled,reduce_overhead
 // (eager too)  --min-time 0.3 (seconds per throughput run)  --ddp (DataParallel also for one process)
-// --bucket-mb 25 --first-bucket-mb 1 --broadcast-buffers 1 (DDPOptions)  --batch N (per-GPU batch; default: the
+// --bucket-mb 25 --first-bucket-mb 1 --broadcast-buffers 1 --symmetric 0 (DDPOptions; --symmetric 1:
+// buckets in NCCL symmetric windows)  --batch N (per-GPU batch; default: the
 // workload's, bench/train_workloads.hpp).
 // Timing, the same on every rank (collectives need every rank to take the same steps): latency =
 // CUDA events around each step, synchronized after each (20 steps, median); throughput = n steps
@@ -159,6 +160,7 @@ int main(int argc, char** argv) {
                                          {"first-bucket-mb", "1"},
                                          {"batch", "0"},
                                          {"broadcast-buffers", "1"},
+                                         {"symmetric", "0"},
                                          {"json", ""}};
     bool force_ddp = false;
     for (int i = 1; i < argc; ++i) {
@@ -181,6 +183,7 @@ int main(int argc, char** argv) {
         options.bucket_cap_mb = std::atof(a["bucket-mb"].c_str());
         options.first_bucket_mb = std::atof(a["first-bucket-mb"].c_str());
         options.broadcast_buffers = a["broadcast-buffers"] != "0";
+        options.symmetric_memory = a["symmetric"] != "0";
         std::vector<Row> rows;
         for (const std::string& w : split(a["workloads"]))
             for (const std::string& m : split(a["methods"])) {

@@ -156,6 +156,7 @@ struct Model {
     std::shared_ptr<void> m;
     std::function<Tensor(const Tensor&)> forward;  // through DataParallel where there is one
     std::function<std::vector<Tensor>()> params;
+    std::function<std::string()> buckets;  // DataParallel's: "k of n buckets in symmetric windows"
 };
 
 /// The model of `name` with weights from seed 1 (the same on every rank and for the reference).
@@ -165,10 +166,17 @@ Model make(std::shared_ptr<M> m, bool ddp) {
     out.m = m;
     out.params = [m] { return kiln::nn::parameters(*m); };
     if (ddp) {
-        auto d = std::make_shared<dist::DataParallel<M>>(*m);
+        dist::DDPOptions o;
+        o.symmetric_memory = arg("symmetric", "0") == "1";  // every bucket in a symmetric window
+        o.symmetric_min_mb = 0;
+        auto d = std::make_shared<dist::DataParallel<M>>(*m, o);
         out.m = std::shared_ptr<void>(d, d.get());
         auto keep = m;
         out.forward = [d, keep](const Tensor& x) { return (*d)(x); };
+        out.buckets = [d] {
+            const int k = d->reducer().window_buckets(), n = static_cast<int>(d->reducer().bucket_params().size());
+            return std::to_string(k) + " of " + std::to_string(n) + " buckets in symmetric windows" + (k == n ? " (all)" : "");
+        };
     } else {
         out.forward = [m](const Tensor& x) { return (*m)(x); };
     }
@@ -244,6 +252,7 @@ std::pair<std::vector<Tensor>, std::vector<float>> train(const std::string& name
         losses.push_back(run(xs, ys).item<float>());
     }
     if (die_at >= 0) failed("no DistError in " + std::to_string(steps) + " steps after rank 1 exited");
+    if (ddp) std::printf("rank %d: %s\n", me, m.buckets().c_str());
     (void)t0;
     std::vector<Tensor> ps;
     for (const Tensor& p : m.params()) ps.push_back(p.detach().cpu());

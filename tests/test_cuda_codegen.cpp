@@ -445,7 +445,7 @@ TEST_CASE("gather / scatter / scatter_add kernels compile for every mode, dtype,
     CHECK(compile_all(src, {90}) == src.size());
 }
 
-TEST_CASE("every variant of the library kernel registry (im2col, max_pool and its gradient, gather_rows, attention, small GEMM) compiles") {
+TEST_CASE("every variant of the library kernel registry (im2col, max_pool and its gradient, gather_rows, scale, attention, small GEMM) compiles") {
     TempCache tc;
     std::vector<cache::KernelSource> src;
     std::set<std::string> names;
@@ -453,9 +453,9 @@ TEST_CASE("every variant of the library kernel registry (im2col, max_pool and it
         src.push_back({k.source, k.name, {}});
         names.insert(k.name);
     }
-    // im2col 8, gather_rows 4, max_pool 8, col2im 4, max_pool_argmax 4, max_pool_backward 4, dropout_mask, rng_advance,
-    // attention 21, small_gemm 20, act_pass 4, and argmax and backward with a baked geometry 8
-    CHECK(src.size() == 87);
+    // im2col 8, gather_rows 4, max_pool 8, col2im 4, max_pool_argmax 4, max_pool_backward 4, scale 4, dropout_mask,
+    // rng_advance, attention 21, small_gemm 20, act_pass 4, and argmax and backward with a baked geometry 8
+    CHECK(src.size() == 91);
     CHECK(names.size() == src.size());  // each variant its own kernel name (the cache keys on the text, logs on the name)
     CHECK(compile_all(src) == src.size());
 }

@@ -6,6 +6,7 @@
 // on one with four or more (tests/gpu.sh runs them there).
 #include <doctest/doctest.h>
 
+#include <kiln/backends/cuda/nccl.hpp>
 #include <kiln/dist.hpp>
 
 #include <unistd.h>
@@ -415,7 +416,7 @@ TEST_CASE("dist, 2 GPUs (NCCL): every collective and dtype against a float64 ref
     for (int k = 0; k < 2; ++k) CHECK(has(r.logs[static_cast<std::size_t>(k)], "collectives ok (nccl, 2 ranks)"));
 }
 
-TEST_CASE("DataParallel, 2 GPUs: 20 steps equal one GPU on the global batch (MLP and BERT layer; eager, compiled, reduce_overhead)" *
+TEST_CASE("DataParallel, 2 GPUs: 20 steps equal one GPU on the global batch (MLP and BERT layer; eager, compiled, reduce_overhead; buckets in symmetric windows too)" *
           doctest::test_suite("multi_gpu") * doctest::skip(fewer_than_two_gpus())) {
     for (const char* model : {"mlp", "bert"})
         for (const char* mode : {"eager", "compiled", "reduce_overhead"}) {
@@ -424,6 +425,17 @@ TEST_CASE("DataParallel, 2 GPUs: 20 steps equal one GPU on the global batch (MLP
             CHECK(r.status == 0);
             CHECK(has(r.logs[0], "parameters vs one process on the global batch"));
             CHECK(has(r.logs[1], "train ok"));
+            CHECK(has(r.logs[1], "rank 1: 0 of "));  // by default no bucket in a symmetric window
+        }
+    // DDPOptions::symmetric_memory: every bucket in a symmetric window (NCCL >= 2.27), summed, then scaled by 1/2
+    for (const char* model : {"mlp", "bert"})
+        for (const char* mode : {"eager", "reduce_overhead"}) {
+            const Run r = run_workers(2, std::string("train --symmetric 1 --device cuda --model ") + model + " --mode " + mode +
+                                             " --steps 20 --tol 1e-4");
+            INFO(r.all());
+            CHECK(r.status == 0);
+            CHECK(has(r.logs[0], "parameters vs one process on the global batch"));
+            if (kiln::cuda::nccl::version() >= 22700) CHECK(has(r.logs[1], " buckets in symmetric windows (all)"));
         }
 }
 

@@ -2,6 +2,9 @@
 // kiln/dist/ddp.hpp (header-only mode, or by kiln/src.hpp), never on its own.
 #pragma once
 
+#include <cstdlib>
+#include <string_view>
+
 #include "kiln/core/factories.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/ops/copy.hpp"
@@ -68,11 +71,14 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
         if (i >= tail && static_cast<double>(b.numel) * static_cast<double>(dtype_size(b.dtype)) >= cap) *slot = -1;
     }
     const int first = reserve_buckets(static_cast<int>(buckets_.size()));
+    bool symmetric = opt_.symmetric_memory;
+    if (const char* e = std::getenv("KILN_DDP_WINDOWS"); e && *e) symmetric = std::string_view(e) != "0";
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
         Bucket& b = buckets_[k];
         b.id = first + static_cast<int>(k);
         // the bucket's memory; each parameter's gradient is written into its view of it
-        b.memory = zeros(Shape{b.numel}, b.dtype, params_[static_cast<std::size_t>(b.params.at(0))].device());
+        const bool window = symmetric && static_cast<double>(b.numel) * static_cast<double>(dtype_size(b.dtype)) >= opt_.symmetric_min_mb * 1024 * 1024;
+        b.memory = bucket_memory(b.numel, b.dtype, params_[static_cast<std::size_t>(b.params.at(0))].device(), window, loc);
         std::int64_t o = 0;
         for (int p : b.params) {
             Tensor& param = params_[static_cast<std::size_t>(p)];
@@ -111,6 +117,12 @@ KILN_DECL std::vector<std::vector<int>> Reducer::bucket_params() const {
     std::vector<std::vector<int>> out;
     for (const Bucket& b : buckets_) out.push_back(b.params);
     return out;
+}
+
+KILN_DECL int Reducer::window_buckets() const {
+    int n = 0;
+    for (const Bucket& b : buckets_) n += in_window(b.memory) ? 1 : 0;
+    return n;
 }
 
 KILN_DECL void Reducer::before_forward(const Loc& loc) {

@@ -98,6 +98,12 @@ namespace detail {
 /// group's communication stream (after the work queued so far), on the store at once.
 /// bucket_wait makes the current stream wait for it and returns `flat` (kept alive until then).
 /// `id` names the bucket's events (reserve_buckets).
+/// A bucket's memory, zeroed: with `symmetric` a symmetric window (ncclMemAlloc, registered once:
+/// NCCL's symmetric kernels) where NCCL >= 2.27 runs with more than one rank, else an ordinary
+/// tensor. Every rank calls it for its buckets in the same order (the registration is collective).
+KILN_DECL Tensor bucket_memory(std::int64_t numel, DType dt, Device dev, bool symmetric, const Loc& loc);
+/// Whether t's memory lies in one of this process group's symmetric windows (false without a group).
+KILN_DECL bool in_window(const Tensor& t);
 KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc);
 KILN_DECL Tensor bucket_wait(const Tensor& flat, int id, const Loc& loc);
 /// n new bucket ids (each with its own pair of events).

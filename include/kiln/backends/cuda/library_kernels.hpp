@@ -15,6 +15,8 @@
 //   attention_kernel    scaled_dot_product_attention in one pass (scores, mask, online softmax, PV),
 //                       tensor cores (mma.sync) for f16/bf16 on sm_80+, one thread per query row
 //                       otherwise
+//   scale_kernel        x *= s in place over a flat buffer (DataParallel's bucket after its sum
+//                       all-reduce: the average)
 //   small_gemm          products of few rows, and act_pass, the exact gelu after a cuBLASLt product
 //                       (small_gemm.hpp: their texts, when they run, the launches)
 #pragma once
@@ -268,6 +270,26 @@ inline KernelText rng_advance_kernel() {
     KernelText k;
     k.name = "kiln_rng_advance";
     k.source = "extern \"C\" __global__ void kiln_rng_advance(unsigned long long* offset, long long n) { offset[0] += (unsigned long long)n; }\n";
+    return k;
+}
+
+/// x[i] *= s over n elements of a floating dtype, in place (f16/bf16 through f32, rounded once).
+inline KernelText scale_kernel(DType d) {
+    KernelText k;
+    k.name = "kiln_scale_" + std::string(dtype_name(d));
+    std::string load = "x[i]", store;
+    const char* T = "float";
+    switch (d) {
+        case DType::f64: T = "double"; store = "x[i] = v * s;"; break;
+        case DType::f16: T = "unsigned short"; load = "kiln_h2f(x[i])"; store = "x[i] = kiln_f2h(v * (float)s);"; break;
+        case DType::bf16: T = "unsigned short"; load = "kiln_bf2f(x[i])"; store = "x[i] = kiln_f2bf(v * (float)s);"; break;
+        default: store = "x[i] = v * (float)s;"; break;  // f32
+    }
+    const std::string V = d == DType::f64 ? "double" : "float";
+    k.source = std::string(base_prelude()) + "extern \"C\" __global__ void " + k.name + "(" + T +
+               "* __restrict__ x, long long n, double s) {\n"
+               "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
+               "    const " + V + " v = " + load + ";\n    " + store + "\n  }\n}\n";
     return k;
 }
 
@@ -650,6 +672,7 @@ inline std::vector<KernelText> library_kernel_sources() {
             out.push_back(max_pool_kernel(d, i64, true, stem));
             out.push_back(max_pool_backward_kernel(d, i64, stem));
         }
+    for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16}) out.push_back(scale_kernel(d));
     out.push_back(dropout_mask_kernel());
     out.push_back(rng_advance_kernel());
     // attention: each mask kind in f32 (rows) and bf16 (mma), then the other dtypes and edge head dims

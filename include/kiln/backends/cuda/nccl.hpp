@@ -25,6 +25,7 @@ struct UniqueId {            // ncclUniqueId
     char internal[128];
 };
 inline constexpr Result success = 0, in_progress = 7;
+inline constexpr int win_coll_symmetric = 1;  // NCCL_WIN_COLL_SYMMETRIC
 inline constexpr int sum = 0, prod = 1, max = 2, min = 3, avg = 4;  // ncclRedOp_t
 // ncclDataType_t
 inline constexpr int int8 = 0, uint8 = 1, int32 = 2, uint32 = 3, int64 = 4, uint64 = 5, float16 = 6, float32 = 7,
@@ -52,6 +53,12 @@ struct Lib {
 #undef KILN_NCCL_DECLARE
     // optional (NCCL >= 2.13): the last error's text, with the reason NCCL knows
     const char* (*get_last_error)(Comm) = nullptr;
+    // optional (NCCL >= 2.27): memory NCCL maps for its peers, registered once as a symmetric
+    // window (a collective call), which NCCL's symmetric kernels all-reduce in place
+    Result (*mem_alloc)(void**, std::size_t) = nullptr;                      // ncclMemAlloc
+    Result (*mem_free)(void*) = nullptr;                                     // ncclMemFree
+    Result (*window_register)(Comm, void*, std::size_t, void**, int) = nullptr;  // ncclCommWindowRegister
+    bool has_windows() const { return mem_alloc && mem_free && window_register; }
     void* handle = nullptr;
     std::string path;   ///< what was loaded
     std::string error;  ///< empty when loaded
@@ -90,6 +97,9 @@ inline Lib load() {
     KILN_NCCL_FUNCTIONS(KILN_NCCL_LOAD)
 #undef KILN_NCCL_LOAD
     l.get_last_error = reinterpret_cast<const char* (*)(Comm)>(::dlsym(l.handle, "ncclGetLastError"));
+    l.mem_alloc = reinterpret_cast<Result (*)(void**, std::size_t)>(::dlsym(l.handle, "ncclMemAlloc"));
+    l.mem_free = reinterpret_cast<Result (*)(void*)>(::dlsym(l.handle, "ncclMemFree"));
+    l.window_register = reinterpret_cast<Result (*)(Comm, void*, std::size_t, void**, int)>(::dlsym(l.handle, "ncclCommWindowRegister"));
     if (!l.ok()) return l;
     l.get_version(&l.version);
     if (l.version < 21000) l.error = "NCCL " + std::to_string(l.version) + " is older than 2.10 (kiln needs ncclAvg)";
