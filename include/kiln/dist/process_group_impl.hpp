@@ -873,7 +873,7 @@ KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc) {
                                std::to_string(reinterpret_cast<std::uintptr_t>(flat.data_ptr())));
     // in a symmetric window: NCCL's symmetric kernels, which run sum (not avg), then x 1/world on
     // the same stream (2 H200s, the BERT layer: a step of 1052 -> 1016 us without the scale, 1025
-    // with it; avg in a window, or sum outside one, gained nothing)
+    // with it; avg or ncclRedOpCreatePreMulSum in a window, or sum outside one, gained nothing)
     const bool window = g.windows->holds(flat.data_ptr(), flat.nbytes());
     if (flat.numel() > 0) {
         nccl_call(g, "DataParallel", loc, [&](const nccl::Lib& l) {
