@@ -1,9 +1,12 @@
 // Generated C++ for compiled CPU programs (backends/cpu/cpp_codegen.hpp, cpp_build.hpp): every
 // table op in every dtype it takes, over contiguous, broadcast and strided layouts, against
-// eager; the disk cache (hits, corrupt and foreign entries rebuilt); async builds; no compiler.
+// eager; the disk cache (hits, corrupt and foreign entries rebuilt); async builds; no compiler; a
+// prelude that does not compile.
 #include "test_util.hpp"
 
 #include "kiln/backends/cpu/gemm.hpp"
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -270,6 +273,31 @@ TEST_CASE("cpu codegen: without a compiler, compiled programs run on the interpr
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     const std::string cmd = "KILN_CODEGEN_TEST_CHILD=1 KILN_CXX=/nonexistent/c++ '" + self + "' -tc='cpu codegen: without a compiler*'";
     CHECK(std::system(cmd.c_str()) == 0);
+}
+
+TEST_CASE("cpu codegen: where kiln's prelude does not compile (its headers missing), one build fails and no other is tried") {
+    if (std::getenv("KILN_CODEGEN_TEST_CHILD")) {
+        REQUIRE(kiln::cpu_codegen_unavailable() == "");  // a compiler and kiln's headers are there
+        ModeScope mode(kiln::CpuCodegen::sync);
+        Sample s;
+        auto c = kiln::compile(Sample::fn);
+        CHECK(maxdiff(c(s.x, s.b), s.expect) <= 1e-6);  // on the interpreter
+        auto d = kiln::compile([](const Tensor& x, const Tensor& b) { return kiln::exp(x) * 0.5 + b; });
+        CHECK(maxdiff(d(s.x, s.b), kiln::eager(kiln::exp(s.x) * 0.5 + s.b)) <= 1e-5);
+        const kiln::CpuCodegenStats st = kiln::cpu_codegen_stats();
+        CHECK(st.builds == 1);  // the second program's kernels were not tried
+        CHECK(st.build_failures == 1);
+        CHECK(kiln::cpu_codegen_unavailable().find("prelude does not compile") != std::string::npos);
+        return;
+    }
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const std::string dir = (std::filesystem::temp_directory_path() / ("kiln_prelude_test_" + std::to_string(::getpid()))).string();
+    // a header every build includes, missing: as where xsimd's headers are not installed
+    const std::string cmd = "KILN_CODEGEN_TEST_CHILD=1 KILN_CACHE_DIR='" + dir + "' KILN_CXXFLAGS='-include /nonexistent/kiln_missing.hpp' '" + self +
+                            "' -tc='cpu codegen: where kiln*'";
+    CHECK(std::system(cmd.c_str()) == 0);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
 }
 
 TEST_CASE("cpu codegen: row groups (softmax, masked softmax, log_softmax, layer_norm, var, row scalars, int sums) at every row length match eager") {

@@ -35,7 +35,8 @@ KILN_DECL void set_cpu_codegen(CpuCodegen mode);
 /// Blocks until every queued build has finished (loaded or failed).
 KILN_DECL void cpu_codegen_wait();
 KILN_DECL CpuCodegenStats cpu_codegen_stats();
-/// Why generated C++ cannot be built here ("" when it can): no compiler, no headers.
+/// Why generated C++ cannot be built here ("" when it can): no compiler, no kiln headers, or (known
+/// after a first failed build) a kernel prelude that does not compile, such as without xsimd's headers.
 KILN_DECL std::string cpu_codegen_unavailable();
 
 namespace detail::cppgen {

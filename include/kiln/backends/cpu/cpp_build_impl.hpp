@@ -180,6 +180,8 @@ struct Engine {
     int active = 0;
     bool stop = false;
     bool prelude_ready = false;
+    bool prelude_probed = false;   // after the first failed build: does the prelude itself compile?
+    std::string broken;            // why no kernel can build (the prelude does not compile): every group stays on the interpreter
     std::mutex prelude_mu;
     CpuCodegenStats stats;
     std::atomic<int> mode{-1};
@@ -256,6 +258,24 @@ struct Engine {
         return true;
     }
 
+    /// After a failed build: whether kiln's prelude compiles by itself with this toolchain (once per
+    /// process). When it does not (its headers, xsimd's, are missing here, say), no kernel can
+    /// build, so none is tried again: one failed compile per process, not one per kernel.
+    void probe_prelude(const Toolchain& t) {
+        std::lock_guard lock(prelude_mu);
+        if (prelude_probed) return;
+        prelude_probed = true;
+        const std::filesystem::path hdr = t.prelude_dir / "kiln_cpu_prelude.hpp";
+        std::string out;
+        if (run_command(shell_quote(t.cxx) + " " + t.flags + t.includes + " -fsyntax-only -x c++ " + shell_quote(hdr.string()), out) == 0) return;
+        std::string first = out.substr(0, out.find('\n'));
+        if (first.size() > 300) first.resize(300);
+        std::lock_guard l2(mu);
+        broken = "kiln's CPU kernel prelude does not compile with " + t.cxx + " (" + first +
+                 "); every compiled group runs on the interpreter in this process";
+        debug::log("cache", "cpu codegen: " + broken);
+    }
+
     /// The kernel of a disk entry, or nullptr (missing: `rejected` false; corrupt or foreign: true).
     void* load_entry(const std::filesystem::path& stem, const std::string& key, bool& rejected) {
         namespace fs = std::filesystem;
@@ -286,6 +306,10 @@ struct Engine {
         const Toolchain& t = toolchain();
         const std::string key = key_text(t, source), hex = cache::to_hex(cache::hash64(key));
         const fs::path stem = t.dir / hex;
+        {
+            std::lock_guard lock(mu);
+            if (!broken.empty()) return nullptr;
+        }
         if (!ensure_prelude(t)) return nullptr;
         std::string why;
         const fs::path src = stem.string() + ".cpp";
@@ -310,6 +334,7 @@ struct Engine {
         if (rc != 0) {
             fs::remove(tmp, ec);
             debug::log("cache", "cpu codegen: building " + src.string() + " failed (the interpreter runs this group): " + cmd + "\n" + out);
+            probe_prelude(t);
             return nullptr;
         }
         const std::string bytes = read_text(tmp);
@@ -455,6 +480,12 @@ KILN_DECL CpuCodegenStats cpu_codegen_stats() {
     return e.stats;
 }
 
-KILN_DECL std::string cpu_codegen_unavailable() { return detail::cppgen::toolchain().unavailable; }
+KILN_DECL std::string cpu_codegen_unavailable() {
+    const std::string& u = detail::cppgen::toolchain().unavailable;
+    if (!u.empty()) return u;
+    detail::cppgen::Engine& e = detail::cppgen::Engine::instance();
+    std::lock_guard lock(e.mu);
+    return e.broken;
+}
 
 }  // namespace kiln
