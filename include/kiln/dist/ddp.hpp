@@ -51,10 +51,11 @@ struct DDPOptions {
     bool broadcast_buffers = true;  ///< before each forward, every rank takes rank 0's buffers (BatchNorm's running statistics), as torch
     /// Buckets of at least symmetric_min_mb in NCCL symmetric windows (NCCL >= 2.27, more than one
     /// GPU): ncclMemAlloc'd memory registered once, summed by NCCL's symmetric kernels, then scaled
-    /// by 1/world on NCCL's stream. Measured on 2 H200s (NCCL 2.28.3), the BERT layer at 32 x 128 per
-    /// GPU: a step of 1047 -> 1025 us. Off by default: with it a rank that dies leaves the others
-    /// stuck in ncclCommAbort instead of raising DistError (seen with NCCL 2.28.3). KILN_DDP_WINDOWS=1
-    /// turns it on, KILN_DDP_WINDOWS=0 off, whatever the options say.
+    /// by 1/world where the compute stream waits for the bucket. Measured on 2 H200s (NCCL 2.28.3),
+    /// the BERT layer at 32 x 128 per GPU: a step of 1047 -> 1023 us. Off by default: a symmetric
+    /// all-reduce in flight when a rank dies is not stopped by ncclCommAbort, so the others hang
+    /// instead of raising DistError (seen with NCCL 2.28.3). KILN_DDP_WINDOWS=1 turns it on,
+    /// KILN_DDP_WINDOWS=0 off, whatever the options say.
     bool symmetric_memory = false;
     double symmetric_min_mb = 2;  ///< smaller buckets stay ordinary (in the probe 1 MB gained ~1.5 us, less than the scale pass costs)
 };

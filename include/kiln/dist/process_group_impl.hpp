@@ -68,6 +68,7 @@ struct Group {
     bool aborted = false;
     std::unique_ptr<cuda::Stream> comm_stream;  // DDP's buckets
     std::vector<cuda::CUevent> bucket_events;   // per bucket id: ready (on the compute stream), done (on comm_stream)
+    std::vector<char> bucket_summed;            // per bucket id: its last start summed (a window): its wait scales by 1/world
     /// Memory from ncclMemAlloc registered as a symmetric window (DDP's buckets): NCCL releases the
     /// windows with the communicator, so memory freed before that waits here (`deferred`) and is
     /// given back once the communicator is gone.
@@ -807,14 +808,16 @@ KILN_DECL int reserve_buckets(int n) {
     return first;
 }
 
-/// t *= s in place on stream `s` (t contiguous, floating, on a CUDA device).
+/// t *= factor in place on stream `s` (t contiguous, floating, on a CUDA device).
 inline void scale_in_place(const Tensor& t, double factor, cuda::CUstream s) {
     const int dev = t.device().index;
-    const std::int64_t n = t.numel();
-    const std::int64_t blocks = std::min<std::int64_t>((n + 255) / 256, 4 * std::max(1, cuda::properties(dev).sm_count));
     void* x = t.data_ptr();
-    std::int64_t count = n;
-    void* args[] = {&x, &count, &factor};
+    std::int64_t n = t.numel();
+    const std::int64_t per_vector = 16 / static_cast<std::int64_t>(t.element_size());
+    std::int64_t nv = reinterpret_cast<std::uintptr_t>(x) % 16 == 0 ? n / per_vector : 0;
+    const std::int64_t work = nv + (n - nv * per_vector);
+    const std::int64_t blocks = std::min<std::int64_t>((work + 255) / 256, 4 * std::max(1, cuda::properties(dev).sm_count));
+    void* args[] = {&x, &n, &nv, &factor};
     cuda::detail::launch(cuda::detail::kernel_function(cuda::detail::scale_kernel(t.dtype()), dev), static_cast<unsigned>(blocks), 256, 0, s,
                          args);
 }
@@ -871,16 +874,17 @@ KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc) {
     if (debug::log_on("dist"))
         debug::log("dist", "DataParallel: bucket " + std::to_string(id) + " all-reduced at " +
                                std::to_string(reinterpret_cast<std::uintptr_t>(flat.data_ptr())));
-    // in a symmetric window: NCCL's symmetric kernels, which run sum (not avg), then x 1/world on
-    // the same stream (2 H200s, the BERT layer: a step of 1052 -> 1016 us without the scale, 1025
-    // with it; avg or ncclRedOpCreatePreMulSum in a window, or sum outside one, gained nothing)
+    // in a symmetric window: NCCL's symmetric kernels, which run sum (not avg); bucket_wait scales
+    // by 1/world (2 H200s, the BERT layer: a step of 1052 -> 1016 us without the scale; avg or
+    // ncclRedOpCreatePreMulSum in a window, or sum outside one, gained nothing)
     const bool window = g.windows->holds(flat.data_ptr(), flat.nbytes());
+    if (g.bucket_summed.size() <= static_cast<std::size_t>(id)) g.bucket_summed.resize(static_cast<std::size_t>(id) + 1, 0);
+    g.bucket_summed[static_cast<std::size_t>(id)] = window ? 1 : 0;
     if (flat.numel() > 0) {
         nccl_call(g, "DataParallel", loc, [&](const nccl::Lib& l) {
             return l.all_reduce(flat.data_ptr(), flat.data_ptr(), static_cast<std::size_t>(flat.numel()), nccl::data_type(flat.dtype()),
                                 window ? nccl::sum : nccl::avg, g.comm, comm);
         });
-        if (window) scale_in_place(flat, 1.0 / g.world, comm);
     }
     cuda::detail::check(d.event_record(done, comm), "cuEventRecord");
     track(g, comm, "DataParallel's gradient all-reduce (bucket " + std::to_string(id) + ", " + std::to_string(flat.numel()) + " elements)");
@@ -889,10 +893,20 @@ KILN_DECL Tensor bucket_start(const Tensor& flat, int id, const Loc& loc) {
 
 KILN_DECL Tensor bucket_wait(const Tensor& flat, int id, const Loc& loc) {
     Group& g = group("DataParallel", loc);
-    if (g.nccl && g.world > 1)
-        cuda::detail::check(cuda::detail::driver().stream_wait_event(cuda::current_stream(g.device.index),
-                                                                     g.bucket_events.at(2 * static_cast<std::size_t>(id) + 1), 0),
+    if (g.nccl && g.world > 1) {
+        const cuda::CUstream s = cuda::current_stream(g.device.index);
+        cuda::detail::check(cuda::detail::driver().stream_wait_event(s, g.bucket_events.at(2 * static_cast<std::size_t>(id) + 1), 0),
                             "cuStreamWaitEvent");
+        // a window's sum becomes the average here, on the compute stream, so that the next
+        // bucket's all-reduce never queues behind it on NCCL's stream (measured: on NCCL's stream
+        // the scale passes cost the MLP, whose step is mostly communication, 7-10 us)
+        if (static_cast<std::size_t>(id) < g.bucket_summed.size() && g.bucket_summed[static_cast<std::size_t>(id)]) {
+            if (!g.windows->holds(flat.data_ptr(), flat.nbytes()))
+                kiln::detail::fail<DistError>("DataParallel", "internal: bucket " + std::to_string(id) +
+                                                                  " was summed in its window but is waited for elsewhere", loc);
+            if (flat.numel() > 0) scale_in_place(flat, 1.0 / g.world, s);
+        }
+    }
     return flat;
 }
 

@@ -273,23 +273,31 @@ inline KernelText rng_advance_kernel() {
     return k;
 }
 
-/// x[i] *= s over n elements of a floating dtype, in place (f16/bf16 through f32, rounded once).
+/// x[i] *= s over n elements of a floating dtype, in place (f16/bf16 through f32, rounded once):
+/// the first nv * (16 / element size) elements as 16-byte vectors (nv = 0 where x is not 16-byte
+/// aligned), the rest one by one.
 inline KernelText scale_kernel(DType d) {
     KernelText k;
     k.name = "kiln_scale_" + std::string(dtype_name(d));
-    std::string load = "x[i]", store;
-    const char* T = "float";
+    const char* T = d == DType::f64 ? "double" : d == DType::f32 ? "float" : "unsigned short";
+    std::string v;  // one element e scaled, as an expression of e and s
     switch (d) {
-        case DType::f64: T = "double"; store = "x[i] = v * s;"; break;
-        case DType::f16: T = "unsigned short"; load = "kiln_h2f(x[i])"; store = "x[i] = kiln_f2h(v * (float)s);"; break;
-        case DType::bf16: T = "unsigned short"; load = "kiln_bf2f(x[i])"; store = "x[i] = kiln_f2bf(v * (float)s);"; break;
-        default: store = "x[i] = v * (float)s;"; break;  // f32
+        case DType::f64: v = "e * s"; break;
+        case DType::f16: v = "kiln_f2h(kiln_h2f(e) * (float)s)"; break;
+        case DType::bf16: v = "kiln_f2bf(kiln_bf2f(e) * (float)s)"; break;
+        default: v = "e * (float)s"; break;  // f32
     }
-    const std::string V = d == DType::f64 ? "double" : "float";
-    k.source = std::string(base_prelude()) + "extern \"C\" __global__ void " + k.name + "(" + T +
-               "* __restrict__ x, long long n, double s) {\n"
-               "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n"
-               "    const " + V + " v = " + load + ";\n    " + store + "\n  }\n}\n";
+    const std::string V = std::to_string(16 / dtype_size(d));
+    k.source = std::string(base_prelude()) + "typedef " + T + " T;\n__device__ __forceinline__ T kiln_scale_one(T e, double s) { return " + v +
+               "; }\nextern \"C\" __global__ void " + k.name +
+               "(T* __restrict__ x, long long n, long long nv, double s) {\n"
+               "  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;\n"
+               "  uint4* xv = (uint4*)x;\n"
+               "  for (long long i = first; i < nv; i += step) {\n"
+               "    uint4 w = xv[i];\n    T* e = (T*)&w;\n"
+               "#pragma unroll\n    for (int j = 0; j < " + V + "; ++j) e[j] = kiln_scale_one(e[j], s);\n"
+               "    xv[i] = w;\n  }\n"
+               "  for (long long i = nv * " + V + " + first; i < n; i += step) x[i] = kiln_scale_one(x[i], s);\n}\n";
     return k;
 }
 
