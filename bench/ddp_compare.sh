@@ -6,7 +6,8 @@
 #   bash bench/ddp_compare.sh [BUILD_DIR] [OUTDIR] [N ...]      (N: default every GPU; e.g. "2 4")
 # Environment: WORKLOADS (default all three), KILN_METHODS (compiled,reduce_overhead),
 # TORCH_METHODS (compile,compile_ro; "none" skips torch), MIN_TIME (0.3 s per throughput run),
-# BATCH (per-GPU batch of every workload; default each workload's own), TAG (file name suffix).
+# BATCH (per-GPU batch of every workload; default each workload's own), TAG (file name suffix),
+# KILN_DDP_WINDOWS=1 (kiln's buckets in NCCL symmetric windows: DDPOptions::symmetric_memory).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 B="${1:-build/rel}"
