@@ -841,14 +841,13 @@ KILN_DECL Tensor bucket_memory(std::int64_t numel, DType dt, Device dev, bool sy
         std::lock_guard l(owner->m);
         owner->ranges.emplace_back(reinterpret_cast<std::uintptr_t>(p), bytes);
     }
-    const cuda::detail::Driver& d = cuda::detail::driver();
-    cuda::detail::check(d.memset_d8_async(reinterpret_cast<cuda::CUdeviceptr>(p), 0, bytes, cuda::current_stream(g.device.index)),
-                        "cuMemsetD8Async");
     if (debug::log_on("dist"))
         debug::log("dist", "DataParallel: a bucket of " + std::to_string(bytes) + " bytes in a symmetric window at " +
                                std::to_string(reinterpret_cast<std::uintptr_t>(p)));
     auto storage = std::make_shared<kiln::detail::Storage>(p, bytes, dev, std::move(keep));
-    return Tensor(std::move(storage), 0, Shape{numel}, contiguous_strides(Shape{numel}), dt);
+    Tensor t(std::move(storage), 0, Shape{numel}, contiguous_strides(Shape{numel}), dt);
+    cuda::detail::fill_dense(t, 0);  // zeroed, as zeros() would be
+    return t;
 }
 
 KILN_DECL bool in_window(const Tensor& t) {
