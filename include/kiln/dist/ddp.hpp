@@ -52,9 +52,11 @@ struct DDPOptions {
     /// Buckets of at least symmetric_min_mb in NCCL symmetric windows (NCCL >= 2.27, more than one
     /// GPU): ncclMemAlloc'd memory registered once, summed by NCCL's symmetric kernels, then scaled
     /// by 1/world where the compute stream waits for the bucket. Measured on 2 H200s (NCCL 2.28.3),
-    /// the BERT layer at 32 x 128 per GPU: a step of 1047 -> 1023 us. Off by default: a symmetric
-    /// all-reduce in flight when a rank dies is not stopped by ncclCommAbort, so the others hang
-    /// instead of raising DistError (seen with NCCL 2.28.3). KILN_DDP_WINDOWS=1 turns it on,
+    /// the BERT layer at 32 x 128 per GPU: a step of 1052 -> 1019 us. Off by default: a symmetric
+    /// all-reduce in flight when a rank dies is not stopped by ncclCommAbort (NCCL 2.28.3 and 2.28.9:
+    /// about half the runs of the die test), so instead of raising DistError the others end with
+    /// status 70 and a message on stderr, 10 s after they saw the failure (the process cannot go on:
+    /// every host wait behind that all-reduce would hang). KILN_DDP_WINDOWS=1 turns it on,
     /// KILN_DDP_WINDOWS=0 off, whatever the options say.
     bool symmetric_memory = false;
     double symmetric_min_mb = 2;  ///< smaller buckets stay ordinary (in the probe 1 MB gained ~1.5 us, less than the scale pass costs)

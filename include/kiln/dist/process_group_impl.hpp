@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -126,6 +127,11 @@ inline std::unique_ptr<Group>& group_slot() {
     return s.g;
 }
 
+/// With symmetric windows: how long a failed group's ncclCommAbort may take before the process ends
+/// (fail_group), and the status it ends with (sysexits' EX_SOFTWARE).
+inline constexpr double symmetric_abort_grace_s = 10;
+inline constexpr int symmetric_abort_exit_status = 70;
+
 /// The group's failure: the first reason sticks; NCCL's communicator is aborted, so kernels that
 /// wait for a dead peer return and the stream moves on. `tell_others`: also fail the store, so
 /// every rank learns it (for failures the store does not know of: a timeout here).
@@ -137,20 +143,60 @@ inline void fail_group(Group& g, const std::string& why, bool tell_others) {
         g.failed = true;
     }
     debug::log("dist", "rank " + std::to_string(g.rank) + ": the process group failed: " + why);
+    const auto tell = [&] {
+        if (tell_others) try {
+                StoreClient(g.host, g.port, 5).abort(why + " (seen by rank " + std::to_string(g.rank) + ")");
+            } catch (const Error&) {
+            }
+    };
     if (g.nccl && g.comm) {
         std::unique_lock lk(g.comm_m, std::defer_lock);
         const auto until = Clock::now() + std::chrono::seconds(2);
         while (!lk.try_lock() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (!g.aborted) {
-            nccl::lib().comm_abort(g.comm);  // even without the lock: a thread stuck inside NCCL needs it
             g.aborted = true;
+            bool windows = false;
+            {
+                std::lock_guard w(g.windows->m);
+                windows = !g.windows->ranges.empty();
+            }
+            if (!windows) {
+                nccl::lib().comm_abort(g.comm);  // even without the lock: a thread stuck inside NCCL needs it
+            } else {
+                // NCCL's symmetric kernels do not see the abort (2.28.3 and 2.28.9): one in flight when
+                // a peer died spins forever, ncclCommAbort waits for it in cuStreamSynchronize, and so
+                // does every host wait behind it (a stack of such a process, 2 x H200, 2026-11-29). The
+                // abort runs on a thread of its own; when it has not returned within the grace, the
+                // process cannot raise DistError or go on, and it ends (as torch's default tear-down
+                // of a failed NCCL group does) instead of hanging.
+                auto done = std::make_shared<std::atomic<bool>>(false);
+                std::thread([comm = g.comm, done] {
+                    nccl::lib().comm_abort(comm);
+                    done->store(true);
+                }).detach();
+                const auto grace = Clock::now() + std::chrono::duration<double>(symmetric_abort_grace_s);
+                while (!done->load() && Clock::now() < grace) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                if (!done->load()) {
+                    tell();
+                    std::string msg;
+                    {
+                        std::lock_guard l(g.err_m);
+                        msg = g.error;
+                    }
+                    msg = "kiln::dist: rank " + std::to_string(g.rank) + ": the process group failed: " + msg +
+                          "; a symmetric all-reduce in flight (DDPOptions::symmetric_memory) cannot be stopped (ncclCommAbort "
+                          "did not return within " + store_detail::seconds_text(symmetric_abort_grace_s) +
+                          " s), so this process exits with status " + std::to_string(symmetric_abort_exit_status) +
+                          " instead of hanging\n";
+                    std::fputs(msg.c_str(), stderr);
+                    std::fflush(stderr);
+                    std::_Exit(symmetric_abort_exit_status);
+                }
+            }
             debug::log("dist", "rank " + std::to_string(g.rank) + ": NCCL's communicator aborted");
         }
     }
-    if (tell_others) try {
-            StoreClient(g.host, g.port, 5).abort(why + " (seen by rank " + std::to_string(g.rank) + ")");
-        } catch (const Error&) {
-        }
+    tell();
 }
 
 /// The group, or DistError naming the user's op: not initialized, or failed.
