@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <string>
@@ -605,6 +606,37 @@ TEST_CASE("compiled gradients equal eager gradients on random programs (float64,
             CHECK(maxdiff(gc2, ge2) < 1e-9);
         }
     }
+}
+
+TEST_CASE("select's gradient: q, k and v of one packed tensor, an index selected twice, an infinite gradient kept in its slot; compiled == eager") {
+    manual_seed(12);
+    const Tensor w0 = uniform({2, 3, 3, 4}, -1, 1), c0 = uniform({2, 3, 4}, -1, 1);
+    Tensor c = c0.clone();
+    c.data<double>()[1] = std::numeric_limits<double>::infinity();  // its gradient stays in v's slot (no 0 * inf anywhere else)
+    auto grad = [&c](const Tensor& wi) {
+        Tensor w = wi.detach();
+        w.requires_grad_();
+        const Tensor h = w * 1.0;  // a recorded op between the leaf and the selects, as a projection is
+        const Tensor q = h.select(2, 0), k = h.select(2, 1), v = h.select(2, 2), k2 = h.select(2, 1);
+        const Tensor loss = Tensor(sum(q * k) + sum(v * c) + sum(k2) * 3.0);
+        return autograd::grad(loss, {w})[0];
+    };
+    // the closed form: slot 0 gets k, slot 1 gets q + 3, slot 2 gets c
+    Tensor ref = zeros({2, 3, 3, 4}, DType::f64);
+    ref.select(2, 0).copy_(w0.select(2, 1));
+    ref.select(2, 1).copy_(Tensor(w0.select(2, 0) + 3.0));
+    ref.select(2, 2).copy_(c);
+    const auto same = [](const Tensor& a, const Tensor& b) {
+        REQUIRE(a.shape() == b.shape());
+        for (std::int64_t i = 0; i < a.numel(); ++i)
+            if (a.item<double>(i) != b.item<double>(i) && std::abs(a.item<double>(i) - b.item<double>(i)) > 1e-12) return false;
+        return true;
+    };
+    const Tensor eager = grad(w0);
+    CHECK(same(eager, ref));
+    auto compiled = compile(grad, {.fullgraph = true});
+    CHECK(same(compiled(w0), ref));
+    CHECK(same(compiled(w0), ref));  // the replayed program
 }
 
 TEST_CASE("autograd on CUDA matches the CPU" * doctest::skip(kiln_test::no_cuda())) {

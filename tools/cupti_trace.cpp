@@ -1,7 +1,7 @@
 // A kernel timeline of any CUDA program, for machines without Nsight Systems: build it as a shared
 // library and preload it. Every kernel, memset and memcpy the program runs (also inside CUDA graphs)
 // is written to $CUPTI_TRACE_OUT.<pid>.csv when the program exits: device, stream, start and end
-// (ns, the GPU's clock), graph id and graph node id, grid size, name. tools/cupti_timeline.py reads
+// (ns, the GPU's clock), graph id and graph node id, grid size, name (a memset's or memcpy's with its bytes). tools/cupti_timeline.py reads
 // the files.
 //   g++ -O2 -shared -fPIC -I$CUDA/include tools/cupti_trace.cpp -o libcupti_trace.so -L$CUDA/lib64 -lcupti
 //   CUPTI_TRACE_OUT=/tmp/tl [CUPTI_TRACE_MATCH=program] LD_PRELOAD=$PWD/libcupti_trace.so ./program
@@ -46,10 +46,12 @@ void CUPTIAPI complete(CUcontext, uint32_t, uint8_t* buf, size_t, size_t valid) 
                             k->name ? k->name : "?"});
         } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
             const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
-            rows.push_back({m->deviceId, m->streamId, m->start, m->end, m->graphNodeId, m->graphId, 0, "memset"});
+            rows.push_back({m->deviceId, m->streamId, m->start, m->end, m->graphNodeId, m->graphId, 0,
+                            "memset " + std::to_string(m->bytes) + " B"});
         } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-            rows.push_back({m->deviceId, m->streamId, m->start, m->end, m->graphNodeId, m->graphId, 0, "memcpy"});
+            rows.push_back({m->deviceId, m->streamId, m->start, m->end, m->graphNodeId, m->graphId, 0,
+                            "memcpy kind " + std::to_string(m->copyKind) + " " + std::to_string(m->bytes) + " B"});
         }
     }
     free(buf);

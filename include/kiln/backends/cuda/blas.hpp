@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "kiln/core/config.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/debug/logs.hpp"
 #include "kiln/tables/activations.hpp"
 
 #if defined(KILN_WITH_CUDA) && KILN_WITH_CUDA
@@ -156,8 +158,15 @@ inline std::uint32_t pointer_alignment(const void* p, std::int64_t batch_stride_
     return static_cast<std::uint32_t>(bits & (~bits + 1));  // lowest set bit
 }
 
-/// cuBLASLt's workspace per (device, stream): 32 MiB, what NVIDIA recommends for Hopper.
-inline constexpr std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
+/// cuBLASLt's workspace per (device, stream): 32 MiB, what NVIDIA recommends for Hopper, unless
+/// KILN_CUBLASLT_WORKSPACE_KB says otherwise (read once; 0: only algorithms that need none).
+inline std::size_t gemm_workspace_bytes() {
+    static const std::size_t bytes = [] {
+        const char* e = std::getenv("KILN_CUBLASLT_WORKSPACE_KB");
+        return e && *e ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) << 10 : std::size_t{32} << 20;
+    }();
+    return bytes;
+}
 
 #if KILN_CUDA_BLAS_ENABLED
 
@@ -206,6 +215,7 @@ struct GemmPlan {
     cublasLtMatrixLayoutOpaque_t lt_a{}, lt_b{}, lt_d{};
     cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
     cublasLtMatmulAlgo_t algo{};
+    bool workspace = true;  ///< false: the algorithm was chosen without a workspace and runs without one
 };
 
 /// The plan cache key: the problem plus the pointer alignments the algorithm was chosen for, and
@@ -275,7 +285,7 @@ inline void init_layout(cublasLtMatrixLayoutOpaque_t& l, const GemmProblem& p, s
 }
 
 inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandle_t handle, const GemmKey& key, GemmPlan& plan,
-                                                                   const void* bias, int count);
+                                                                   const void* bias, int count, std::uint64_t workspace_bytes);
 
 /// The plan's layouts and transposes for the key's problem (no algorithm yet).
 inline std::unique_ptr<GemmPlan> gemm_layouts(const GemmKey& key) {
@@ -292,10 +302,57 @@ inline std::unique_ptr<GemmPlan> gemm_layouts(const GemmKey& key) {
     return plan;
 }
 
-/// Builds the layouts and asks the heuristic for the best algorithm under the key's alignments.
+/// One configuration attribute of an algorithm (T: the attribute's type, which cuBLASLt checks); -1
+/// where it cannot be read.
+template <class T>
+std::int64_t algo_attribute(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    T v{};
+    std::size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return -1;
+    return static_cast<std::int64_t>(v);
+}
+
+/// Whether a heuristic choice that needs a workspace is swapped for its twin that needs none (the
+/// same tile, stages, split-k and cluster shape). cuBLASLt's Hopper kernels with a dynamic tile
+/// scheduler need a few bytes of workspace zeroed by a memset before each launch: in a CUDA graph
+/// that memset is a node of its own, and on the H200 each cost ~2.5 us of gaps around it on one
+/// GPU and ~5 us beside NCCL on two (the BERT layer's training step at 32 x 128: 8 such GEMMs,
+/// 927 -> 901 us on one GPU, 1013 -> 965 us on two; see docs/ARCHITECTURE.md). On unless
+/// KILN_CUBLASLT_NO_WORKSPACE=0.
+inline bool prefer_no_workspace_twin() {
+    static const bool on = [] {
+        const char* e = std::getenv("KILN_CUBLASLT_NO_WORKSPACE");
+        return !(e && std::string_view(e) == "0");
+    }();
+    return on;
+}
+
+/// Builds the layouts and asks the heuristic for the best algorithm under the key's alignments
+/// (or its twin without a workspace, prefer_no_workspace_twin).
 inline std::unique_ptr<GemmPlan> make_gemm_plan(cublasLtHandle_t handle, const GemmKey& key, const void* bias) {
     std::unique_ptr<GemmPlan> plan = gemm_layouts(key);
-    plan->algo = gemm_heuristic(handle, key, *plan, bias, 1).front().algo;
+    const cublasLtMatmulHeuristicResult_t first = gemm_heuristic(handle, key, *plan, bias, 1, gemm_workspace_bytes()).front();
+    plan->algo = first.algo;
+    if (first.workspaceSize == 0 || !prefer_no_workspace_twin()) return plan;
+    const auto shape = [](const cublasLtMatmulAlgo_t& a) {
+        return std::array<std::int64_t, 4>{algo_attribute<std::uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                                           algo_attribute<std::uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                                           algo_attribute<std::int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                                           algo_attribute<std::uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)};
+    };
+    std::vector<cublasLtMatmulHeuristicResult_t> none;
+    try {
+        none = gemm_heuristic(handle, key, *plan, bias, 1, 0);
+    } catch (const DeviceError&) {  // no algorithm without a workspace: keep the first
+    }
+    const bool twin = !none.empty() && shape(none[0].algo) == shape(first.algo);
+    if (twin) {
+        plan->algo = none[0].algo;
+        plan->workspace = false;
+    }
+    if (debug::log_on("gemm"))
+        debug::log("gemm", describe(key.problem) + ": the heuristic's first needs " + std::to_string(first.workspaceSize) + " B of workspace; " +
+                               (twin ? "its twin without one runs instead" : "no twin without one: kept"));
     return plan;
 }
 
@@ -311,14 +368,15 @@ inline cublasStatus_t run_gemm(cublasLtHandle_t handle, cublasLtMatmulDescOpaque
     const void* beta = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
     after_library(stream);
     return cublasLtMatmul(handle, &desc, alpha, b, &plan.lt_a, a, &plan.lt_b, beta, c,
-                          &plan.lt_d, c, &plan.lt_d, &algo, reinterpret_cast<void*>(workspace), gemm_workspace_bytes,
+                          &plan.lt_d, c, &plan.lt_d, &algo, plan.workspace ? reinterpret_cast<void*>(workspace) : nullptr,
+                          plan.workspace ? gemm_workspace_bytes() : 0,
                           reinterpret_cast<cudaStream_t>(stream));
 }
 
 /// What cuBLASLt's heuristic ranks first for the key (best first, at most `count`, each one's state
 /// a success); throws DeviceError when it has none.
 inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandle_t handle, const GemmKey& key, GemmPlan& plan,
-                                                                   const void* bias, int count) {
+                                                                   const void* bias, int count, std::uint64_t workspace_bytes) {
     const GemmProblem& p = key.problem;
     cublasLtMatmulDescOpaque_t desc;
     init_matmul_desc(desc, p, plan.op_a, plan.op_b, bias);
@@ -331,8 +389,7 @@ inline std::vector<cublasLtMatmulHeuristicResult_t> gemm_heuristic(cublasLtHandl
     auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value, const char* what) {
         check_blas(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value), what, p);
     };
-    const std::uint64_t ws = gemm_workspace_bytes;
-    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws, "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes, "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
     // cuBLASLt's A is our B and its B our A; C and D are both our C.
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A)");
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B)");
@@ -407,7 +464,7 @@ inline void gemm(const GemmProblem& p, const void* a, const void* b, void* c, co
         auto ws = s.workspaces.find(stream);
         if (ws == s.workspaces.end()) {
             CUdeviceptr ptr = 0;
-            check(driver().mem_alloc(&ptr, gemm_workspace_bytes), "cuMemAlloc (cuBLASLt workspace)");
+            if (gemm_workspace_bytes() > 0) check(driver().mem_alloc(&ptr, gemm_workspace_bytes()), "cuMemAlloc (cuBLASLt workspace)");
             ws = s.workspaces.try_emplace(stream).first;
             ws->second.ptr = ptr;
         }

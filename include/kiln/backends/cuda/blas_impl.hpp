@@ -74,7 +74,7 @@ KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, cons
         cublasLtMatmulHeuristicResult_t check{};
         if (cublasLtMatmulAlgoCheck(handle, &desc, &plan->lt_a, &plan->lt_b, &plan->lt_d, &plan->lt_d, &*cached, &check) ==
                 CUBLAS_STATUS_SUCCESS &&
-            check.workspaceSize <= gemm_workspace_bytes) {
+            check.workspaceSize <= gemm_workspace_bytes()) {
             plan->algo = *cached;
             if (debug::log_on("autotune"))
                 debug::log("autotune", "gemm " + describe(p) + ": " + describe_algo(plan->algo) + " (from " + file + ")");
@@ -82,7 +82,7 @@ KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, cons
         }
     }
     // the heuristic's ranking, its first choice first (what the untuned plan uses)
-    const std::vector<cublasLtMatmulHeuristicResult_t> cands = gemm_heuristic(handle, key, *plan, bias, 16);
+    const std::vector<cublasLtMatmulHeuristicResult_t> cands = gemm_heuristic(handle, key, *plan, bias, 16, gemm_workspace_bytes());
     auto run = [&](const cublasLtMatmulAlgo_t& algo) { return run_gemm(handle, desc, p, *plan, algo, a, b, c, workspace.ptr, stream); };
     // Each timed run starts with L2 holding none of its operands (a scratch buffer twice the L2
     // size is written first): timed back to back, a candidate would read its weights from L2, as
@@ -124,7 +124,7 @@ KILN_DECL std::unique_ptr<GemmPlan> tune_gemm_plan(cublasLtHandle_t handle, cons
             return runs[7];
         };
         for (std::size_t i = 0; i < cands.size(); ++i) {
-            if (cands[i].workspaceSize > gemm_workspace_bytes || run(cands[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+            if (cands[i].workspaceSize > gemm_workspace_bytes() || run(cands[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
             cold[i] = median_of_runs(cands[i].algo, true);
             warm[i] = median_of_runs(cands[i].algo, false);
         }
