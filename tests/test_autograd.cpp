@@ -198,6 +198,9 @@ TEST_CASE("autograd: composites, views, matmul, copies and library ops match fin
     gradcheck("matmul 2d", [](const auto& v) { return matmul(v[0], v[1]); }, {x, uniform({6, 3}, -1, 1)});
     gradcheck("matmul batched broadcast", [](const auto& v) { return matmul(v[0], v[1]); },
               {uniform({2, 1, 3, 4}, -1, 1), uniform({5, 4, 2}, -1, 1)});
+    gradcheck("matmul batched, a transposed view (attention's k^T), broadcast", [](const auto& v) {
+        return Tensor(matmul(v[0], v[1].transpose(-2, -1)) + matmul(v[0], v[2].transpose(-2, -1)));
+    }, {uniform({2, 3, 4, 5}, -1, 1), uniform({2, 3, 6, 5}, -1, 1), uniform({3, 6, 5}, -1, 1)});
     gradcheck("matmul vectors", [](const auto& v) { return Tensor(matmul(v[0], v[1]) + sum(matmul(v[1], v[2])) + matmul(v[0], v[0])); },
               {uniform({4}, -1, 1), uniform({4, 3}, -1, 1), uniform({3}, -1, 1)});
     gradcheck("linear", [](const auto& v) { return nn::linear(v[0], v[1], v[2], Act::gelu_tanh); },

@@ -352,6 +352,12 @@ KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, const std::source_loca
                     const bool transposed = B.stride(0) == 1 && B.stride(1) != 1;
                     r[1] = fit(transposed ? kiln::matmul(g2.t(), A2, self.loc()).t() : kiln::matmul(A2.t(), g2, self.loc()),
                                B.shape(), B.dtype());
+                } else if (const int k = B.rank() - 2; B.stride(k) == 1 && B.stride(k + 1) != 1 && B.size(k) > 1) {
+                    // a transposed view (attention's k.transpose(-2, -1)): the gradient made in that
+                    // layout, (g^T A)^T, so that the base's gradient comes out contiguous (read
+                    // through the transposed layout, the fused kernel summing q, k and v's
+                    // gradients into the packed projection's read k's with a stride of the sequence)
+                    r[1] = fit(kiln::matmul(g.transpose(-2, -1), A, self.loc()).transpose(-2, -1), B.shape(), B.dtype());
                 } else {
                     r[1] = fit(kiln::matmul(A.transpose(-2, -1), g, self.loc()), B.shape(), B.dtype());
                 }
