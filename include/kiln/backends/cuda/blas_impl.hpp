@@ -31,15 +31,10 @@ KILN_DECL std::string gemm_tune_key_text(const GemmKey& key, int device) {
 
 /// "id 21 tile 18 split-k 4 stages 9": what an algorithm is, for KILN_LOGS=autotune.
 inline std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
-    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-        std::int32_t v = 0;  // the four attributes read here are 32-bit (cuBLASLt checks the size)
-        std::size_t written = 0;
-        if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return std::int32_t{-1};
-        return v;
-    };
-    return "id " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile " + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
-           " split-k " + std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " stages " +
-           std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID));
+    return "id " + std::to_string(algo_attribute<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+           std::to_string(algo_attribute<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) + " split-k " +
+           std::to_string(algo_attribute<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " stages " +
+           std::to_string(algo_attribute<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
 }
 
 KILN_DECL std::string tuned_gemm_file(const std::string& key_text) {
