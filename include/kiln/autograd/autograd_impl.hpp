@@ -345,21 +345,21 @@ KILN_DECL Tensor matmul(const Tensor& a, const Tensor& b, const std::source_loca
             std::vector<Tensor> r(2);
             if (self.edges()[0].live()) r[0] = fit(kiln::matmul(g, B.transpose(-2, -1), self.loc()), A.shape(), A.dtype());
             if (self.edges()[1].live()) {
+                // B transposed in memory (a weight seen as x @ w.t(), attention's k.transpose(-2, -1)):
+                // its gradient made in that layout, (g^T A)^T, so the base's gradient comes out as
+                // its own layout, with no transposing copy (read through the transposed layout, the
+                // fused kernel summing q, k and v's gradients read k's with a stride of the sequence)
+                const int k = B.rank() - 2;
+                const bool transposed = B.stride(k) == 1 && B.stride(k + 1) != 1;
                 if (B.rank() == 2) {
-                    // a matrix (a weight) against a batch: one GEMM over the rows of every batch, in B's
-                    // layout (a transposed weight, x @ w.t(), gets its gradient as w's: no transposing copy)
+                    // a matrix (a weight) against a batch: one GEMM over the rows of every batch
                     const Tensor A2 = A.reshape({-1, A.size(-1)}), g2 = g.reshape({-1, g.size(-1)});
-                    const bool transposed = B.stride(0) == 1 && B.stride(1) != 1;
                     r[1] = fit(transposed ? kiln::matmul(g2.t(), A2, self.loc()).t() : kiln::matmul(A2.t(), g2, self.loc()),
                                B.shape(), B.dtype());
-                } else if (const int k = B.rank() - 2; B.stride(k) == 1 && B.stride(k + 1) != 1 && B.size(k) > 1) {
-                    // a transposed view (attention's k.transpose(-2, -1)): the gradient made in that
-                    // layout, (g^T A)^T, so that the base's gradient comes out contiguous (read
-                    // through the transposed layout, the fused kernel summing q, k and v's
-                    // gradients into the packed projection's read k's with a stride of the sequence)
-                    r[1] = fit(kiln::matmul(g.transpose(-2, -1), A, self.loc()).transpose(-2, -1), B.shape(), B.dtype());
                 } else {
-                    r[1] = fit(kiln::matmul(A.transpose(-2, -1), g, self.loc()), B.shape(), B.dtype());
+                    r[1] = fit(transposed ? kiln::matmul(g.transpose(-2, -1), A, self.loc()).transpose(-2, -1)
+                                          : kiln::matmul(A.transpose(-2, -1), g, self.loc()),
+                               B.shape(), B.dtype());
                 }
             }
             return r;
