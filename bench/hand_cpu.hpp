@@ -81,6 +81,23 @@ inline void bias_gelu_rows_eigen(const float* x, const float* bias, float* y, st
     }
 }
 
+/// Column sums of squares: acc[j] += x[r, j]^2 for rows [r0, r1) of n columns (acc: n floats,
+/// the caller's per-thread partial; rows read whole, in order).
+inline void colsum_sq_rows(const float* x, float* acc, std::int64_t n, std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * n;
+        std::int64_t i = 0;
+        for (; i + W <= n; i += W) {
+            const B v = B::load_unaligned(xr + i);
+            xsimd::fma(v, v, B::load_unaligned(acc + i)).store_unaligned(acc + i);
+        }
+        if (i < n) {
+            const B v = load_tail(xr + i, n - i, 0.0f);
+            store_tail(acc + i, n - i, xsimd::fma(v, v, load_tail(acc + i, n - i, 0.0f)));
+        }
+    }
+}
+
 /// Softmax of rows [r0, r1) of n columns: the max, then exp(x - max) written to y and summed,
 /// then y scaled by 1/sum in place (three passes over a row that stays in L1).
 inline void softmax_rows(const float* x, float* y, std::int64_t n, std::int64_t r0, std::int64_t r1) {

@@ -92,7 +92,7 @@ std::string cpu_model() {
 }
 
 /// The CPU workloads the summary reports on (a line only where their rows ran).
-const char* const cpu_workloads[] = {"chain16M", "chain1M", "bias_gelu", "softmax", "layernorm", "numpy_fn", "blackscholes", "sincos_scalar"};
+const char* const cpu_workloads[] = {"chain16M", "chain1M", "bias_gelu", "colsum", "softmax", "layernorm", "numpy_fn", "blackscholes", "sincos_scalar"};
 
 std::string fixed2(double v) {
     char b[32];
@@ -477,6 +477,45 @@ void bench_bias_gelu(Bench& b) {
             });
             check_close(name + (eigen ? " eigen_rows" : " hand"), h, y, 1e-5);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// colsum: sum(x * x, 0) over x (8192, 2048): a reduction that keeps the innermost dim (column
+// statistics, a bias gradient's shape)
+
+void bench_colsum(Bench& b) {
+    const std::string name = "colsum";
+    if (!b.wanted(name)) return;
+    const std::int64_t rows = 8192, cols = 2048;
+    kiln::manual_seed(13);
+    const Tensor x = kiln::randn({rows, cols});
+    Tensor y;
+    const double bytes = 4.0 * static_cast<double>(rows * cols + cols);
+    const Tensor ref = kiln::sum(kiln::eager(x * x), {0});
+    check_close(name + " fused", kiln::sum(x * x, {0}), ref, 1e-5);
+    for (int t : b.thread_counts()) {
+        b.row(name, "eager", t, bytes, [&] { y = kiln::sum(kiln::eager(x * x), {0}); });
+        b.row(name, "fused", t, bytes, [&] { y = kiln::sum(x * x, {0}); });
+        auto compiled = kiln::compile([](const Tensor& v) { return kiln::sum(v * v, {0}); });
+        b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
+        check_close(name + " compiled", y, ref, 1e-5);
+        // bench/hand_cpu.hpp: each of `t` parts of the rows into its own row of partials, then summed
+        Tensor h = kiln::empty({cols});
+        std::vector<float> part(static_cast<std::size_t>(t * cols));
+        b.row(name, "hand", t, bytes, [&] {
+            std::fill(part.begin(), part.end(), 0.0f);
+            kiln::detail::thread_pool().run(t, [&](std::int64_t p) {
+                kiln_bench_hand::colsum_sq_rows(x.data<float>(), part.data() + p * cols, cols, rows * p / t, rows * (p + 1) / t);
+            });
+            float* o = h.data<float>();
+            for (std::int64_t j = 0; j < cols; ++j) {
+                float s = 0;
+                for (int p = 0; p < t; ++p) s += part[static_cast<std::size_t>(p * cols + j)];
+                o[j] = s;
+            }
+        });
+        check_close(name + " hand", h, ref, 1e-4);
     }
 }
 
@@ -1407,6 +1446,7 @@ int main(int argc, char** argv) {
             bench_chain(b, "chain16M", 16 << 20);
             bench_chain(b, "chain1M", 1 << 20);
             bench_bias_gelu(b);
+            bench_colsum(b);
             bench_softmax(b);
             bench_layernorm(b);
             bench_numpy_fn(b);

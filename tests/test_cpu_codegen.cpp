@@ -433,3 +433,132 @@ TEST_CASE("cpu codegen: a matmul's elementwise epilogue runs inside kiln's GEMM,
     }
     kiln::set_num_threads(threads_before);
 }
+
+TEST_CASE("cpu codegen: a row kernel keeps softmax's exp in the output row, and in a row buffer where the output is written over its input") {
+    // softmax(x) + x: x is read again in the pass that reads exp back, so in place (output over
+    // input) exp cannot go to the output row
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    ModeScope mode(kiln::CpuCodegen::sync);
+    namespace cg = kiln::detail::cppgen;
+    namespace ops = kiln::ops;
+    // max(x), x - max, exp, sum, exp / sum, + x (leaf 0; members are values 1..6)
+    cg::RowProgram p;
+    p.leaves.push_back({DType::f32, true});
+    auto member = [](bool reduce, ops::OpId op, kiln::ir::ReduceKind rk, int a, int b = -1) {
+        cg::RowProgram::Member m;
+        m.reduce = reduce;
+        m.vec = !reduce;
+        m.op = op;
+        m.rid = static_cast<ops::ReduceId>(rk);
+        m.in[0] = a;
+        m.in[1] = b;
+        return m;
+    };
+    p.members = {member(true, 0, kiln::ir::ReduceKind::max, 0), member(false, ops::op_id<ops::Sub>, {}, 0, 1),
+                 member(false, ops::op_id<ops::Exp>, {}, 2), member(true, 0, kiln::ir::ReduceKind::sum, 3),
+                 member(false, ops::op_id<ops::Div>, {}, 3, 4), member(false, ops::op_id<ops::Add>, {}, 5, 0)};
+    p.outs = {{5, DType::f32}};
+    const std::string src = cg::row_source(p);
+    CAPTURE(src);
+    REQUIRE(src.find("3 passes") != std::string::npos);
+    CHECK(src.find("overlaps(p0, p1, inner)") != std::string::npos);  // exp kept in the output row
+    void* const loaded = cg::kernel_for(src);
+    REQUIRE(loaded != nullptr);
+    const auto fn = reinterpret_cast<cg::RowsFn>(loaded);
+    kiln::manual_seed(5);
+    for (std::int64_t n : {1, 13, 1000, 2500}) {
+        CAPTURE(n);
+        const Tensor x = kiln::eager(kiln::randn({6, n}) * 3.0);
+        const Tensor expect = kiln::eager(kiln::softmax(x, -1) + x);
+        const std::int64_t oshape[1] = {6}, ostr[2] = {n, n};
+        const Tensor y = kiln::empty({6, n}), inplace = x.clone();
+        void* apart[2] = {x.data_ptr(), y.data_ptr()};
+        fn(apart, oshape, ostr, nullptr, n, 0, 6);
+        CHECK(maxdiff(y, expect) <= 1e-5);
+        void* same[2] = {inplace.data_ptr(), inplace.data_ptr()};  // the output row over the input row
+        fn(same, oshape, ostr, nullptr, n, 0, 6);
+        CHECK(maxdiff(inplace, expect) <= 1e-5);
+    }
+}
+
+TEST_CASE("column reductions (a leading or middle axis, the innermost kept) match a float64 loop: fused, compiled on the interpreter and generated, 1-3 threads") {
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    const int saved_threads = kiln::num_threads();
+    kiln::manual_seed(21);
+    struct Shape3 {
+        std::int64_t a, b, c;  // (a, b, c), reduced over b, or over a and b
+    };
+    // c: exactly the column minimum, a column block and a few more (two blocks), a ragged tile;
+    // b long enough that 2-3 threads split it
+    for (const Shape3 sh : {Shape3{1, 300, 16}, Shape3{1, 130, 8200}, Shape3{7, 33, 40}, Shape3{3, 2000, 17}}) {
+        const Tensor x = kiln::randn({sh.a, sh.b, sh.c});
+        const Tensor xi = kiln::eager(kiln::floor(x * 10.0)).to(DType::i32);
+        // the float64 reference: out[i][k] over j (and over i too when both)
+        auto ref = [&](bool both, auto f, auto comb, double init, bool mean) {
+            const Tensor xd = x.to(DType::f64);
+            const double* p = xd.data<double>();
+            const std::int64_t rows = both ? 1 : sh.a;
+            std::vector<double> r(static_cast<std::size_t>(rows * sh.c), init);
+            for (std::int64_t i = 0; i < sh.a; ++i)
+                for (std::int64_t j = 0; j < sh.b; ++j)
+                    for (std::int64_t k = 0; k < sh.c; ++k) {
+                        double& o = r[static_cast<std::size_t>((both ? 0 : i) * sh.c + k)];
+                        o = comb(o, f(p[(i * sh.b + j) * sh.c + k]));
+                    }
+            if (mean)
+                for (double& v : r) v /= static_cast<double>(both ? sh.a * sh.b : sh.b);
+            Tensor t = kiln::empty({rows * sh.c}, DType::f64);
+            std::copy(r.begin(), r.end(), t.data<double>());
+            return t;
+        };
+        auto add = [](double a, double b) { return a + b; };
+        auto mx = [](double a, double b) { return std::max(a, b); };
+        auto mn = [](double a, double b) { return std::min(a, b); };
+        auto mul = [](double a, double b) { return a * b; };
+        for (const bool both : {false, true}) {
+            const std::vector<std::int64_t> ax = both ? std::vector<std::int64_t>{0, 1} : std::vector<std::int64_t>{1};
+            const std::vector<Tensor> want{ref(both, [](double v) { return std::exp(v * 0.5); }, add, 0.0, false),
+                                           ref(both, [](double v) { return v * v; }, add, 0.0, true),
+                                           ref(both, [](double v) { return v; }, mx, -INFINITY, false),
+                                           ref(both, [](double v) { return 1.0 - v; }, mn, INFINITY, false),
+                                           ref(both, [](double v) { return 1.0 + v * 0.001; }, mul, 1.0, false),
+                                           ref(both, [](double v) { return v > 0 ? 1.0 : 0.0; }, add, 0.0, false)};
+            auto fn = [ax](const Tensor& v, const Tensor& vi) {
+                return std::vector<Tensor>{kiln::sum(kiln::exp(v * 0.5), ax), kiln::mean(v * v, ax), kiln::max(v, ax),
+                                           kiln::min(1.0 - v, ax), kiln::prod(1.0 + v * 0.001, ax), kiln::sum(v > 0.0, ax),
+                                           kiln::sum(vi * 2, ax)};
+            };
+            // the int32 sum's reference: exact
+            const Tensor xid = xi.to(DType::f64);
+            Tensor int_want = kiln::sum(xid, ax) * 2.0;
+            for (int threads : {1, 2, 3}) {
+                kiln::set_num_threads(threads);
+                for (const int how : {0, 1, 2}) {  // fused (expression templates), compiled: interpreter, generated
+                    CAPTURE(sh.a);
+                    CAPTURE(sh.b);
+                    CAPTURE(sh.c);
+                    CAPTURE(both);
+                    CAPTURE(threads);
+                    CAPTURE(how);
+                    std::vector<Tensor> got;
+                    if (how == 0) {
+                        got = fn(x, xi);
+                    } else {
+                        ModeScope mode(how == 1 ? kiln::CpuCodegen::off : kiln::CpuCodegen::sync);
+                        got = kiln::compile(fn)(x, xi);
+                    }
+                    REQUIRE(got.size() == 7);
+                    for (std::size_t k = 0; k < want.size(); ++k) {
+                        CAPTURE(k);
+                        const Tensor g = got[k].reshape({-1}).to(DType::f64);
+                        const double scale = k == 0 || k == 4 ? 1e-5 : 2e-5;  // relative to the values' size
+                        CHECK(maxdiff(g, want[k]) <= scale * (1.0 + static_cast<double>(kiln::max(kiln::abs(want[k])).item<double>())));
+                    }
+                    CHECK(got[5].dtype() == DType::i64);
+                    CHECK(maxdiff(got[6].reshape({-1}).to(DType::f64), int_want.reshape({-1})) == 0.0);
+                }
+            }
+            kiln::set_num_threads(saved_threads);
+        }
+    }
+}

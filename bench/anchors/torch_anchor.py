@@ -110,6 +110,10 @@ def rowsum_fn(x):
     return torch.sum(x, dim=-1)
 
 
+def colsum_fn(x):
+    return torch.sum(x * x, dim=0)
+
+
 def layernorm_fn(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
 
@@ -299,6 +303,11 @@ def make_workload(name, device, tiny):
         g = _gen(dev, 2)
         x, b = _randn((r, c), dev, g), _randn((c,), dev, g)
         return dict(fn=bias_gelu_fn, inputs=(x, b), bytes=4 * (2 * r * c + c), flops=0, math=MATH_F32, tol=TOL_F32_EW)
+    if name == "colsum":  # kiln_bench: sum(x * x, 0), x (8192, 2048)
+        r, c = (64, 256) if tiny else (8192, 2048)
+        g = _gen(dev, 13)
+        x = _randn((r, c), dev, g)
+        return dict(fn=colsum_fn, inputs=(x,), bytes=4 * (r * c + c), flops=0, math=MATH_F32, tol=TOL_F32_EW)
     if name == "softmax":
         r, c = (64, 256) if tiny else (4096, 1024) if cpu else (8192, 4096)
         g = _gen(dev, 3)
@@ -385,13 +394,16 @@ def make_workload(name, device, tiny):
     raise ValueError(f"no workload {name}")
 
 
-WORKLOADS = ("sincos_scalar", "chain64M", "chain16M", "chain1M", "bias_gelu", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn",
+WORKLOADS = ("sincos_scalar", "chain64M", "chain16M", "chain1M", "bias_gelu", "colsum", "softmax", "softmax_short", "rowsum_short", "layernorm", "numpy_fn",
              "blackscholes",
              "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18",
              "bert_base_b1_f32", "bert_base_b1_bf16", "bert_base_b8x128_f32", "bert_base_b8x128_bf16", "minilm_32x64",
              "linears_m1_bf16", "linears_m8_bf16", "linears_m16_bf16", "linears_m32_bf16", "linears_m64_bf16")
-# the workloads that run on the CPU only (--device cpu) and those that run on the GPU only
-CPU_ONLY = ("minilm_32x64", "chain16M", "chain1M")
+# the workloads kiln_bench runs on the CPU (--device cpu runs these; cuda runs the others and the
+# CPU ones that kiln_bench runs on both)
+CPU_WORKLOADS = ("sincos_scalar", "chain16M", "chain1M", "bias_gelu", "colsum", "softmax", "layernorm", "numpy_fn", "blackscholes",
+                 "mlp_f32", "mlp_bf16", "bert_layer_f32", "bert_layer_bf16", "resnet18", "minilm_32x64")
+CPU_ONLY = ("minilm_32x64", "chain16M", "chain1M", "colsum")
 
 # Whole models: kiln_bench writes their weights (bert_base) and inputs, and its compiled output,
 # to KILN_BENCH_DATA (default /tmp/kiln-bench-data); the anchor loads the same ones into Hugging
@@ -834,9 +846,10 @@ class Anchor:
                 self.bench_gemm(torch.bfloat16, "gemm_bf16", MATH_BF16)
                 self.bench_gemm(torch.float32, "gemm_f32", MATH_F32)
             for name in WORKLOADS:
-                if a.filter and a.filter not in name:
+                if a.filter and not any(f and f in name for f in a.filter.split(",")):
                     continue
-                if (name in CPU_ONLY) != (self.device.type == "cpu") and not a.filter:
+                on_device = name in CPU_WORKLOADS if self.device.type == "cpu" else name not in CPU_ONLY
+                if not on_device and not a.filter:
                     continue
                 self.bench_workload(name)
         self.write()
@@ -848,7 +861,7 @@ class Anchor:
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write the rows here")
-    p.add_argument("--filter", default="", help="only workloads whose name contains SUBSTR (copy/GEMM rates always run)")
+    p.add_argument("--filter", default="", help="only workloads whose name contains SUBSTR, or one of a comma list (copy/GEMM rates always run)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--quick", action="store_true", help="fewer repeats (0.1 s, >= 5 per row)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke test, not comparable to kiln")

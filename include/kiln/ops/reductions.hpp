@@ -41,18 +41,6 @@ inline unsigned reduce_mask(const Axes& axes, int rank, std::string_view op, con
 }
 
 
-/// Kept dims first, then reduced ones: each output element reduces a run of consecutive
-/// elements of the permuted iteration order.
-inline std::vector<int> reduce_perm(int rank, unsigned mask, std::int64_t& outer, std::int64_t& inner, const Shape& s) {
-    std::vector<int> perm;
-    outer = inner = 1;
-    for (int d = 0; d < rank; ++d)
-        if (!(mask & (1u << d))) { perm.push_back(d); outer *= s[d]; }
-    for (int d = 0; d < rank; ++d)
-        if (mask & (1u << d)) { perm.push_back(d); inner *= s[d]; }
-    return perm;
-}
-
 /// An operand as an expression node (a Tensor becomes an identity cast).
 template <class X>
 auto as_expr(const X& x) {
@@ -68,8 +56,8 @@ Tensor reduce_flat(const expr::Flat& f, expr::Fused fused, const Axes& axes, boo
     const Shape& s = f.info().shape;
     const unsigned mask = reduce_mask(axes, s.rank(), R::name, loc);
     const DType out_dtype = ops::reduce_dtype<R>(f.info().dtype);
-    std::int64_t outer, inner;
-    const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
+    const ReduceLayout lay = reduce_layout(s, mask, true);
+    const std::int64_t outer = lay.outer * lay.kept_run, inner = lay.inner;
     if (autograd::detail::needs_grad(f)) return autograd::detail::reduce(f, ops::reduce_id<R>, mask, keepdim, loc);
     if (expr::any_traced(f))
         return trace::record_reduce(f, ir::Kind::reduce, reduce_kind<R>(), true, mask, keepdim, ir::reduced_shape(s, mask, keepdim),
@@ -85,8 +73,10 @@ Tensor reduce_flat(const expr::Flat& f, expr::Fused fused, const Axes& axes, boo
         out.fill_(Scalar(static_cast<double>(R::template identity<double>())));
         return out;
     }
-    const expr::EvalState ev(f, fused, s, perm);
-    reduce_rows<R>(outer, inner, ev.ct(), [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); }, out);
+    const expr::EvalState ev(f, fused, s, lay.perm);
+    auto source = [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); };
+    if (lay.columns) reduce_cols<R>(lay.outer, inner, lay.kept_run, ev.ct(), source, out);
+    else reduce_rows<R>(outer, inner, ev.ct(), source, out);
     return out;
 }
 
@@ -104,8 +94,8 @@ Tensor arg_reduce_flat(const expr::Flat& f, expr::Fused fused, std::optional<std
     const char* op = Max ? "argmax" : "argmin";
     const Shape& s = f.info().shape;
     const unsigned mask = axis ? reduce_mask(Axes{*axis}, s.rank(), op, loc) : reduce_mask(Axes{}, s.rank(), op, loc);
-    std::int64_t outer, inner;
-    const std::vector<int> perm = reduce_perm(s.rank(), mask, outer, inner, s);
+    const ReduceLayout lay = reduce_layout(s, mask, false);
+    const std::int64_t outer = lay.outer, inner = lay.inner;
     const Shape out_shape = axis ? ir::reduced_shape(s, mask, keepdim) : (keepdim ? Shape::filled(s.rank(), 1) : Shape{});
     if (expr::any_traced(f))
         return trace::record_reduce(f, ir::Kind::arg_reduce, ir::ReduceKind::max, Max, mask, keepdim, out_shape, DType::i64, loc);
@@ -114,7 +104,7 @@ Tensor arg_reduce_flat(const expr::Flat& f, expr::Fused fused, std::optional<std
     Tensor out(out_shape, DType::i64);
     if (inner == 0 && outer > 0) fail<ValueError>(op, "cannot reduce over an empty dimension of shape " + s.str(), loc);
     if (outer == 0) return out;
-    const expr::EvalState ev(f, fused, s, perm);
+    const expr::EvalState ev(f, fused, s, lay.perm);
     arg_reduce_rows<Max>(outer, inner, ev.ct(), [&](std::int64_t b, std::int64_t n, void* dst) { ev.tile(b, n, dst); },
                          out.data<std::int64_t>());
     return out;

@@ -93,6 +93,11 @@ template <int Id> using Red = typename At<Id, kiln::ops::Reductions>::type::Accu
 template <class R, class T>
 using Acc = std::conditional_t<std::is_floating_point_v<T> && R::rule == kiln::ops::ReduceRule::widen_int, double, T>;
 template <class R, class T> inline T hred(const V<T>& v) {
+    if constexpr (std::is_same_v<typename R::Combine, kiln::ops::Add> && std::is_floating_point_v<T>) {
+        B<T> b = v.b[0];
+        for (int q = 1; q < P<T>; ++q) b += v.b[q];
+        return xsimd::hadd(b);
+    }
     alignas(64) T l[L];
     for (int q = 0; q < P<T>; ++q) v.b[q].store_aligned(l + q * W<T>);
     T r = l[0];
@@ -116,6 +121,11 @@ template <int R> inline i64 offset(const i64* idx, const i64* strides) {
     i64 o = 0;
     for (int d = 0; d < R; ++d) o += idx[d] * strides[d];
     return o;
+}
+// Whether rows of n elements at a and b share a byte (a row written in place over one read).
+template <class A, class B2> inline bool overlaps(const A* a, const B2* b, i64 n) {
+    const char *x = reinterpret_cast<const char*>(a), *y = reinterpret_cast<const char*>(b);
+    return x < reinterpret_cast<const char*>(b + n) && y < reinterpret_cast<const char*>(a + n);
 }
 }  // namespace kj
 )";
@@ -302,11 +312,13 @@ inline constexpr std::int64_t row_tile_elems = 2048;
 /// The source of a row program's kernel `kiln_kernel(ptrs, outer_shape, outer_strides, scalars,
 /// inner, begin_row, end_row)`, or "" where not covered. Members run in stages: one loop over the
 /// row per stage (leaves re-read from L1), a stage ending where a value needs a reduction of the
-/// same loop; row values used by a later stage go through a row buffer; scalar members run
-/// between stages. A reduction combines chunks into 4 vector accumulators (4 independent
-/// dependency chains: a NaN-aware max is 3 dependent instructions a chunk), folded per tile of
-/// row_tile_elems into one vector of the table entry's accumulator type (double for float sums),
-/// whose lanes are combined once per row. A row value of a cheap op (add, sub, mul, neg, abs of
+/// same loop; row values used by a later stage go through a row buffer (or an output's row);
+/// scalar members run between stages. A reduction combines chunks into 4 vector accumulators (4
+/// independent dependency chains: a NaN-aware max is 3 dependent instructions a chunk), whose
+/// lanes are combined in T per tile of row_tile_elems (as the interpreter's reduce_tile) and
+/// folded into one scalar of the table entry's accumulator type (double for float sums). (Folding
+/// lanes into a vector of doubles and combining those once per row was 4% slower on a 4096 x 1024
+/// softmax: the conversion went through memory; Zen 4, 2026-12-07.) A row value of a cheap op (add, sub, mul, neg, abs of
 /// leaves and row scalars: layer_norm's x - mean) that a later pass reads is computed again there
 /// from L1 instead of going through a row buffer (a store and a load saved). Measured on a
 /// 4096 x 1024 softmax (Zen 5, one thread, 2026-11-27): 1.8-2.1 ms against 2.9-3.1 ms with one
@@ -368,6 +380,29 @@ inline std::string row_source(const RowProgram& p) {
                 (p.members[m].reduce || p.members[m].vec ? stage[m] : ready[m]) > stage[member_of(v)])
                 buffer[member_of(v)] = nbuf++;
         }
+    // a buffered member kept in an output's row instead (the hand-written softmax's way: exp
+    // written to the output, scaled there in place): an output of T written in the member's own
+    // stage or in one no earlier than the last that reads it, by a member that loads the buffered
+    // value before its store; one buffer an output. Per row, where that output row overlaps a
+    // varying leaf's row (a write in place), the row buffer is used after all.
+    std::vector<int> last_read(nm, -1), in_out(nm, -1);
+    for (std::size_t m = 0; m < nm; ++m)
+        for (int k = 0; k < 3; ++k) {
+            const int v = p.members[m].in[k];
+            if (v >= 0 && is_member(v) && buffer[member_of(v)] >= 0) last_read[member_of(v)] = std::max(last_read[member_of(v)], stage[m]);
+        }
+    std::vector<char> out_taken(p.outs.size(), 0);
+    for (std::size_t m = 0; m < nm; ++m) {
+        if (buffer[m] < 0) continue;
+        for (std::size_t k = 0; k < p.outs.size() && in_out[m] < 0; ++k) {
+            const std::size_t om = static_cast<std::size_t>(p.outs[k].member);
+            if (out_taken[k] || !p.members[om].vec || p.outs[k].dtype != ct) continue;
+            if (om == m || stage[om] >= last_read[m]) {
+                in_out[m] = static_cast<int>(k);
+                out_taken[k] = 1;
+            }
+        }
+    }
     for (std::size_t m = 0; m < nm; ++m)  // a vec member read by a scalar member: not covered
         for (int k = 0; k < 3; ++k) {
             const int v = p.members[m].in[k];
@@ -392,6 +427,20 @@ inline std::string row_source(const RowProgram& p) {
     declare_at(s, dtypes, nl, "O", "ostr", O);
     for (std::size_t k = 0; k < nl; ++k)
         if (!p.leaves[k].varies) s += "        const T l" + std::to_string(k) + " = cv<T>(p" + std::to_string(k) + "[0]);\n";
+    for (std::size_t m = 0; m < nm; ++m) {
+        if (buffer[m] < 0) continue;
+        const std::string bs = "buf.data() + " + std::to_string(buffer[m]) + " * inner";
+        if (in_out[m] < 0) {
+            s += "        T* const q" + std::to_string(m) + " = " + bs + ";\n";
+            continue;
+        }
+        const std::string po = "p" + std::to_string(nl + static_cast<std::size_t>(in_out[m]));
+        std::string overlap;
+        for (std::size_t k = 0; k < nl; ++k)
+            if (p.leaves[k].varies)
+                overlap += std::string(overlap.empty() ? "" : " || ") + "overlaps(p" + std::to_string(k) + ", " + po + ", inner)";
+        s += "        T* const q" + std::to_string(m) + " = " + (overlap.empty() ? po : "(" + overlap + ") ? " + bs + " : " + po) + ";\n";
+    }
     // a value as a scalar of T (row constants) or, inside a chunk, as V<T>
     auto scalar_name = [&](int v) -> std::string {
         if (v < static_cast<int>(nl)) return "l" + std::to_string(v);
@@ -420,7 +469,7 @@ inline std::string row_source(const RowProgram& p) {
         for (std::size_t m : reds) {
             const std::string ms = std::to_string(m), R = "Red<" + std::to_string(p.members[m].rid) + ">";
             s += "        using R" + ms + " = " + R + ";\n        using A" + ms + " = Acc<R" + ms + ", T>;\n";
-            s += "        V<A" + ms + "> av" + ms + " = splat<A" + ms + ">(static_cast<A" + ms + ">(R" + ms + "::template identity<T>()));\n";
+            s += "        A" + ms + " aa" + ms + " = static_cast<A" + ms + ">(R" + ms + "::template identity<T>());\n";
             s += "        T at" + ms + " = R" + ms + "::template identity<T>();  // the row's partial chunk\n";
         }
         s += "        for (i64 t0 = 0; t0 < inner; t0 += " + std::to_string(row_tile_elems) + ") {\n";
@@ -470,8 +519,7 @@ inline std::string row_source(const RowProgram& p) {
                 loaded.push_back(v);
                 if (remat[m]) emit_op(m);
                 else
-                    s += "                const V<T> v" + std::to_string(m) + " = ld<Full, T>(buf.data() + " + std::to_string(buffer[m]) +
-                         " * inner + i, 1, n);\n";
+                    s += "                const V<T> v" + std::to_string(m) + " = ld<Full, T>(q" + std::to_string(m) + " + i, 1, n);\n";
             }
             return "v" + std::to_string(m);
         };
@@ -486,10 +534,14 @@ inline std::string row_source(const RowProgram& p) {
             if (!mb.vec || stage[m] != st) continue;
             const std::string ms = std::to_string(m);
             emit_op(m);
-            if (buffer[m] >= 0) s += "                st<Full>(buf.data() + " + std::to_string(buffer[m]) + " * inner + i, 1, n, v" + ms + ");\n";
-            for (std::size_t k = 0; k < p.outs.size(); ++k)
-                if (p.outs[k].member == static_cast<int>(m))
-                    s += "                st<Full>(p" + std::to_string(nl + k) + " + i, 1, n, v" + ms + ");\n";
+            if (buffer[m] >= 0 && !(in_out[m] >= 0 && p.outs[static_cast<std::size_t>(in_out[m])].member == static_cast<int>(m)))
+                s += "                st<Full>(q" + ms + " + i, 1, n, v" + ms + ");\n";
+            for (std::size_t k = 0; k < p.outs.size(); ++k) {
+                if (p.outs[k].member != static_cast<int>(m)) continue;
+                for (std::size_t b = 0; b < nm; ++b)  // a value buffered in this output's row: read before it is overwritten
+                    if (in_out[b] == static_cast<int>(k) && b != m) vec_name(static_cast<int>(nl + ns + b));
+                s += "                st<Full>(p" + std::to_string(nl + k) + " + i, 1, n, v" + ms + ");\n";
+            }
         }
         s += "            };\n";
         s += "            i64 i = 0;\n";
@@ -503,12 +555,12 @@ inline std::string row_source(const RowProgram& p) {
             const std::string ms = std::to_string(m);
             s += "            acc<R" + ms + ">(ab" + ms + "[0], ab" + ms + "[1]);\n            acc<R" + ms + ">(ab" + ms + "[2], ab" + ms +
                  "[3]);\n            acc<R" + ms + ">(ab" + ms + "[0], ab" + ms + "[2]);\n";
-            s += "            acc<R" + ms + ">(av" + ms + ", to<A" + ms + ">(ab" + ms + "[0]));\n";
+            s += "            aa" + ms + " = R" + ms + "::Combine::eval(aa" + ms + ", static_cast<A" + ms + ">(hred<R" + ms + ">(ab" + ms + "[0])));\n";
         }
         s += "        }\n";
         for (std::size_t m : reds) {
             const std::string ms = std::to_string(m);
-            s += "        A" + ms + " acc" + ms + " = R" + ms + "::Combine::eval(hred<R" + ms + ">(av" + ms + "), static_cast<A" + ms + ">(at" + ms + "));\n";
+            s += "        A" + ms + " acc" + ms + " = R" + ms + "::Combine::eval(aa" + ms + ", static_cast<A" + ms + ">(at" + ms + "));\n";
             if (p.members[m].mean) {
                 char corr[64];
                 std::snprintf(corr, sizeof corr, "%.17g", p.members[m].correction);

@@ -477,26 +477,26 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
 }
 
 /// A reduction (or arg-reduction) with its elementwise prologue, rows of any length.
-inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, std::vector<Tensor>& vals);
+inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, std::vector<Tensor>& vals, GroupKernels* memo);
+inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo);
 /// A reduce group: each of its reductions (several when fuse::merge_reduce_groups joined them,
-/// which the CPU's limits leave off: its row groups join reductions) over its prologue.
-inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals) {
-    for (int r : G.outputs) run_reduce_output(g, G, r, vals);
+/// which the CPU's limits leave off: its row groups join reductions) over its prologue, whose
+/// values come from its generated C++ kernel once that is loaded (memo), else from the tile interpreter.
+inline void run_reduce_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, GroupKernels* memo = nullptr) {
+    for (int r : G.outputs) run_reduce_output(g, G, r, vals, memo);
 }
-inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, std::vector<Tensor>& vals) {
+inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, std::vector<Tensor>& vals, GroupKernels* memo) {
     const ir::Node& n = g[r];
     const int x = n.in[0];
     const Shape& S = g[x].shape;
     // bools read straight into a sum or product accumulate as their (int64) result, exactly
     const DType bool_ct = n.kind == ir::Kind::reduce && compute_dtype(n.dtype) != DType::boolean ? compute_dtype(n.dtype) : DType::f32;
     TileProgram p = tree_program(g, G.nodes, x, S, vals, nullptr, g[x].dtype == DType::boolean ? bool_ct : DType::boolean);
-    // kept dims first, then reduced ones; each output element reduces a run of the iteration order
-    std::vector<int> perm;
-    std::int64_t outer = 1, inner = 1;
-    for (int d = 0; d < S.rank(); ++d)
-        if (!(n.mask & (1u << d))) { perm.push_back(d); outer *= S[d]; }
-    for (int d = 0; d < S.rank(); ++d)
-        if (n.mask & (1u << d)) { perm.push_back(d); inner *= S[d]; }
+    // rows of the permuted order, or columns (reduce_layout)
+    const ReduceLayout lay = reduce_layout(S, n.mask, n.kind != ir::Kind::arg_reduce);
+    const std::vector<int>& perm = lay.perm;
+    const std::int64_t outer = lay.outer, inner = lay.inner, kept_run = lay.kept_run;
+    const bool columns = lay.columns;
     Shape ps = S;
     for (std::size_t i = 0; i < perm.size(); ++i) ps[static_cast<int>(i)] = S[perm[i]];
     for (auto& a : p.leaves) {
@@ -509,7 +509,7 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
     for (auto& a : p.leaves) all.push_back(&a);
     collapse(p.space, all);
     Tensor out = output_tensor(vals, r, n.shape, n.dtype);
-    if (outer == 0) return;
+    if (outer == 0 || kept_run == 0) return;
     if (inner == 0) {
         if (n.kind == ir::Kind::arg_reduce || n.rkind == ir::ReduceKind::max || n.rkind == ir::ReduceKind::min)
             throw ValueError("kiln::" + std::string(n.kind == ir::Kind::arg_reduce ? "argmax" : ir::reduce_name(n.rkind)) +
@@ -518,7 +518,32 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
         return;
     }
     const ProgramRunner runner(p);
-    auto source = [&](std::int64_t b, std::int64_t len, void* dst) { runner.tile(b, len, dst); };
+    // the prologue's values through its generated kernel: p with a result access whose element at
+    // position b lands in dst[0] (contiguous strides, base moved back by b elements per call)
+    constexpr std::size_t max_generated_accesses = 64;
+    TileProgram q;
+    cppgen::GroupFn gen = nullptr;
+    std::vector<void*> gptrs;
+    std::vector<std::int64_t> gstrides;
+    if (memo && !p.instrs.empty() && p.leaves.size() < max_generated_accesses) {
+        q = p;
+        q.out = Access{nullptr, runner.result_ct(), contiguous_strides(q.space.shape)};
+        if ((gen = generated_kernel(q, *memo))) {
+            for (const Access* a : q.accesses()) {
+                gptrs.push_back(a->base);
+                for (int d = 0; d < q.space.shape.rank(); ++d) gstrides.push_back(a->strides[d]);
+            }
+        }
+    }
+    const std::size_t out_slot = p.leaves.size();
+    const std::int64_t out_size = static_cast<std::int64_t>(dtype_size(runner.result_ct()));
+    auto source = [&](std::int64_t b, std::int64_t len, void* dst) {
+        if (!gen) return runner.tile(b, len, dst);
+        void* ptrs[max_generated_accesses];
+        std::copy(gptrs.begin(), gptrs.end(), ptrs);
+        ptrs[out_slot] = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(dst) - static_cast<std::uintptr_t>(b * out_size));
+        gen(ptrs, q.space.shape.begin(), gstrides.data(), q.scalars.data(), b, b + len);
+    };
     if (n.kind == ir::Kind::arg_reduce) {
         if (n.arg_max) arg_reduce_rows<true>(outer, inner, runner.result_ct(), source, out.data<std::int64_t>());
         else arg_reduce_rows<false>(outer, inner, runner.result_ct(), source, out.data<std::int64_t>());
@@ -526,7 +551,8 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
     }
     visit_reduce(n.rkind, [&](auto rt) {
         using R = typename decltype(rt)::type;
-        reduce_rows<R>(outer, inner, runner.result_ct(), source, out);
+        if (columns) reduce_cols<R>(outer, inner, kept_run, runner.result_ct(), source, out);
+        else reduce_rows<R>(outer, inner, runner.result_ct(), source, out);
     });
     if (n.rkind == ir::ReduceKind::mean) {
         const double div = std::max(0.0, static_cast<double>(inner) - n.correction);
@@ -704,7 +730,7 @@ public:
             case fuse::Group::Kind::row:
                 run_row_group(g_, G, vals, kernels_ && k < kernels_->size() ? &(*kernels_)[k] : nullptr);
                 break;
-            case fuse::Group::Kind::reduce: run_reduce_group(g_, G, vals); break;
+            case fuse::Group::Kind::reduce: run_reduce_group(g_, G, vals, kernels_ && k < kernels_->size() ? &(*kernels_)[k] : nullptr); break;
             case fuse::Group::Kind::matmul: {
                 const ir::Node& n = g_[G.outputs[0]];
                 const Tensor& a = vals[static_cast<std::size_t>(n.in[0])];

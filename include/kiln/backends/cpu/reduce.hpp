@@ -1,6 +1,7 @@
 // CPU reductions: rows of a permuted iteration space reduced with SIMD accumulators, across threads.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -96,6 +97,107 @@ void reduce_rows(std::int64_t outer, std::int64_t inner, DType src_ct, const Sou
         IterSpace space{Shape{outer}};
         Access oa{static_cast<char*>(out.data_ptr()), out.dtype(), Strides{1}};
         if (outer > 0) scatter(space, oa, 0, outer, results.data());
+    });
+}
+
+/// Kept elements after the last reduced dim from which a reduction runs as columns (reduce_cols):
+/// below it, a run of stride kept_run per output costs less than tiles of kept_run columns.
+inline constexpr std::int64_t column_reduce_min = 16;
+
+/// How a reduction over `mask` of shape s walks its space: `perm` puts the kept dims first and the
+/// reduced ones after them, so each output element reduces `inner` consecutive elements of the
+/// permuted order (`outer` outputs: reduce_rows); or, where columns are allowed and at least
+/// column_reduce_min kept elements follow the last reduced dim (a column sum), those kept dims
+/// stay innermost: (other kept dims: `outer`, reduced dims: `inner`, the kept run: `kept_run`),
+/// for reduce_cols. Either way `inner` is the count each output reduces.
+struct ReduceLayout {
+    std::vector<int> perm;
+    std::int64_t outer = 1, inner = 1, kept_run = 1;
+    bool columns = false;
+};
+inline ReduceLayout reduce_layout(const Shape& s, unsigned mask, bool columns_ok) {
+    ReduceLayout l;
+    int last_reduced = -1;
+    for (int d = 0; d < s.rank(); ++d)
+        if (mask & (1u << d)) last_reduced = d;
+    std::int64_t run = 1;
+    for (int d = last_reduced + 1; d < s.rank(); ++d) run *= s[d];
+    l.columns = columns_ok && last_reduced >= 0 && run >= column_reduce_min;
+    for (int d = 0; d < s.rank(); ++d)
+        if (!(mask & (1u << d)) && (!l.columns || d < last_reduced)) { l.perm.push_back(d); l.outer *= s[d]; }
+    for (int d = 0; d < s.rank(); ++d)
+        if (mask & (1u << d)) { l.perm.push_back(d); l.inner *= s[d]; }
+    if (l.columns) {
+        for (int d = last_reduced + 1; d < s.rank(); ++d) l.perm.push_back(d);
+        l.kept_run = run;
+    }
+    return l;
+}
+
+/// Reduces columns: the source's iteration order is (ko, rn, ki) (kept dims, reduced dims, then
+/// the kept dims after the last reduced one), and out (contiguous, ko * ki elements) gets, for each
+/// (o, j), R over r of element (o, r, j). Each task takes a block of up to column_block columns of
+/// one o and walks r, reading that part of each row in tiles (contiguous: whole pages, which the
+/// prefetchers follow) and combining it lane by lane into accumulators in T, folded into the
+/// accumulator type (double for float sums) every 64 rows; where there are fewer blocks than
+/// threads, r is split too and the partials combined in order. (Reduced as rows instead, each
+/// output would read a run of stride ki, one element a tile row.)
+inline constexpr std::int64_t column_block = 8192;
+template <class R, class Source>
+void reduce_cols(std::int64_t ko, std::int64_t rn, std::int64_t ki, DType src_ct, const Source& source, const Tensor& out) {
+    static_assert(column_block % tile_elems == 0);
+    visit_ct(compute_dtype(out.dtype()) == DType::boolean ? DType::f32 : compute_dtype(out.dtype()), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using Acc = reduce_acc_t<R, T>;
+        using C = typename R::Combine;
+        constexpr std::int64_t w = static_cast<std::int64_t>(simd::width<T>), fold_every = 64;
+        const std::int64_t blocks = (ki + column_block - 1) / column_block, tasks = ko * blocks, threads = num_threads();
+        const std::int64_t parts = tasks >= threads ? 1 : std::max<std::int64_t>(1, std::min(threads, rn / fold_every));
+        const T id = R::template identity<T>();
+        std::vector<Acc> partial(static_cast<std::size_t>(parts * ko * ki), static_cast<Acc>(id));
+        struct Tag {};
+        parallel_for(tasks * parts, 1, [&](std::int64_t b, std::int64_t e) {
+            // tiles (of tile_elems doubles): values, the source's own dtype, then the accumulators
+            double* const block = scratch<double, Tag>(2 + column_block / tile_elems);
+            T* const buf = reinterpret_cast<T*>(block);
+            T* const ta = reinterpret_cast<T*>(block + 2 * tile_elems);
+            for (std::int64_t task = b; task < e; ++task) {
+                const std::int64_t part = task % parts, o = task / parts / blocks, c0 = task / parts % blocks * column_block;
+                const std::int64_t cn = std::min(column_block, ki - c0), r0 = rn * part / parts, r1 = rn * (part + 1) / parts;
+                Acc* const acc = partial.data() + part * ko * ki + o * ki + c0;
+                for (std::int64_t r = r0; r < r1;) {
+                    std::fill(ta, ta + cn, id);
+                    for (const std::int64_t stop = std::min(r1, r + fold_every); r < stop; ++r)
+                        for (std::int64_t t = 0; t < cn; t += tile_elems) {
+                            const std::int64_t n = std::min(tile_elems, cn - t), at = (o * rn + r) * ki + c0 + t;
+                            if (src_ct == dtype_of<T>) {
+                                source(at, n, static_cast<void*>(buf));
+                            } else {
+                                visit_ct(src_ct, [&](auto stag) {
+                                    using S = typename decltype(stag)::type;
+                                    S* tmp = reinterpret_cast<S*>(block + tile_elems);
+                                    source(at, n, static_cast<void*>(tmp));
+                                    convert_tile(tmp, buf, n);
+                                });
+                            }
+                            T* const a = ta + t;
+                            std::int64_t j = 0;
+                            for (; j + w <= n; j += w) simd::store(a + j, C::eval(simd::load(a + j), simd::load(buf + j)));
+                            for (; j < n; ++j) a[j] = C::eval(a[j], buf[j]);
+                        }
+                    for (std::int64_t j = 0; j < cn; ++j) acc[j] = C::eval(acc[j], static_cast<Acc>(ta[j]));
+                }
+            }
+        });
+        std::vector<T> results(static_cast<std::size_t>(ko * ki));
+        for (std::int64_t i = 0; i < ko * ki; ++i) {
+            Acc a = partial[static_cast<std::size_t>(i)];
+            for (std::int64_t q = 1; q < parts; ++q) a = C::eval(a, partial[static_cast<std::size_t>(q * ko * ki + i)]);
+            results[static_cast<std::size_t>(i)] = static_cast<T>(a);
+        }
+        IterSpace space{Shape{ko * ki}};
+        Access oa{static_cast<char*>(out.data_ptr()), out.dtype(), Strides{1}};
+        if (ko * ki > 0) scatter(space, oa, 0, ko * ki, results.data());
     });
 }
 
