@@ -561,4 +561,16 @@ TEST_CASE("column reductions (a leading or middle axis, the innermost kept) matc
             kiln::set_num_threads(saved_threads);
         }
     }
+    // sibling reductions joined into one reduce group (CUDA's limits, on the CPU): each output's
+    // prologue its own generated kernel, though their layouts are alike
+    kiln::Options opt;
+    opt.limits.merge_reductions = true;
+    const Tensor x = kiln::randn({300, 40});
+    auto fn = [](const Tensor& v) {
+        return std::vector<Tensor>{kiln::sum(kiln::exp(v * 0.5), {0}), kiln::sum(v * v, {0}), kiln::sum(v, {0})};
+    };
+    const std::vector<Tensor> want = fn(x);
+    ModeScope mode(kiln::CpuCodegen::sync);
+    const std::vector<Tensor> got = kiln::compile(fn, opt)(x);
+    for (std::size_t k = 0; k < 3; ++k) CHECK(maxdiff(got[k], want[k]) <= 1e-4);
 }

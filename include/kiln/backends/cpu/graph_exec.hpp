@@ -478,7 +478,10 @@ inline void run_row_group(const ir::Graph& g, const fuse::Group& G, std::vector<
 
 /// A reduction (or arg-reduction) with its elementwise prologue, rows of any length.
 inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, std::vector<Tensor>& vals, GroupKernels* memo);
-inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo);
+/// The generated kernel for a collapsed program, or nullptr (codegen off, not covered, building);
+/// `program` names which of its group's programs p is where a group has several (a reduce group's
+/// outputs: each its own prologue), "" for the group's one.
+inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo, const std::string& program = {});
 /// A reduce group: each of its reductions (several when fuse::merge_reduce_groups joined them,
 /// which the CPU's limits leave off: its row groups join reductions) over its prologue, whose
 /// values come from its generated C++ kernel once that is loaded (memo), else from the tile interpreter.
@@ -528,7 +531,7 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
     if (memo && !p.instrs.empty() && p.leaves.size() < max_generated_accesses) {
         q = p;
         q.out = Access{nullptr, runner.result_ct(), contiguous_strides(q.space.shape)};
-        if ((gen = generated_kernel(q, *memo))) {
+        if ((gen = generated_kernel(q, *memo, "reduce " + std::to_string(r) + ":"))) {
             for (const Access* a : q.accesses()) {
                 gptrs.push_back(a->base);
                 for (int d = 0; d < q.space.shape.rank(); ++d) gstrides.push_back(a->strides[d]);
@@ -560,10 +563,10 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
     }
 }
 
-/// The generated kernel for a collapsed program, or nullptr (codegen off, not covered, building).
-inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo) {
+inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo, const std::string& program) {
     if (cpu_codegen() == CpuCodegen::off) return nullptr;
-    std::string layout(1, static_cast<char>(p.space.shape.rank()));
+    std::string layout = program;
+    layout += static_cast<char>(p.space.shape.rank());
     for (const Access* a : p.accesses()) {
         const std::int64_t in = a->strides.rank() ? a->strides[a->strides.rank() - 1] : 1;
         layout += static_cast<char>(a->dtype);
