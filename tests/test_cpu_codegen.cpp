@@ -574,3 +574,60 @@ TEST_CASE("column reductions (a leading or middle axis, the innermost kept) matc
     const std::vector<Tensor> got = kiln::compile(fn, opt)(x);
     for (std::size_t k = 0; k < 3; ++k) CHECK(maxdiff(got[k], want[k]) <= 1e-4);
 }
+
+TEST_CASE("argmax / argmin pick the first extreme, or the first NaN, at every row length: fused, compiled on the interpreter and generated") {
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    kiln::manual_seed(23);
+    // the reference: a scalar scan, the first extreme; NaN wins at its first index
+    auto first = [](const Tensor& row, bool mx) {
+        const Tensor d = row.to(DType::f64);
+        const double* p = d.data<double>();
+        std::int64_t at = 0;
+        for (std::int64_t k = 0; k < d.numel(); ++k) {
+            if (std::isnan(p[k])) return k;
+            if (mx ? p[k] > p[at] : p[k] < p[at]) at = k;
+        }
+        return at;
+    };
+    for (const std::int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 255, 256, 257, 1000, 70000}) {
+        // rows: random, coarse (many ties), constant, a NaN late, a NaN early and another later,
+        // NaN first, -inf everywhere, ints with ties
+        Tensor x = kiln::eager(kiln::floor(kiln::randn({8, n}) * 3.0));
+        x = Tensor(x);
+        float* p = x.data<float>();
+        for (std::int64_t k = 0; k < n; ++k) {
+            p[0 * n + k] = static_cast<float>(std::sin(static_cast<double>(k) * 12.9898) * 43758.5453);
+            p[2 * n + k] = 1.5f;
+            p[6 * n + k] = -INFINITY;
+        }
+        p[3 * n + n - 1] = NAN;
+        p[4 * n + n / 2] = NAN;
+        p[4 * n + n - 1] = NAN;
+        p[5 * n + 0] = NAN;
+        const Tensor xi = kiln::eager(x * 0.0 + kiln::floor(kiln::randn({8, n}) * 2.0)).to(DType::i32);
+        for (const int how : {0, 1, 2}) {
+            CAPTURE(n);
+            CAPTURE(how);
+            auto fn = [](const Tensor& v, const Tensor& vi) {
+                return std::vector<Tensor>{kiln::argmax(v, 1), kiln::argmin(v, 1), kiln::argmax(v * 2.0, 1), kiln::argmax(vi, 1),
+                                           kiln::argmin(vi, 1)};
+            };
+            std::vector<Tensor> got;
+            if (how == 0) {
+                got = fn(x, xi);
+            } else {
+                ModeScope mode(how == 1 ? kiln::CpuCodegen::off : kiln::CpuCodegen::sync);
+                got = kiln::compile(fn)(x, xi);
+            }
+            for (std::int64_t r = 0; r < 8; ++r) {
+                CAPTURE(r);
+                const Tensor row = x.select(0, r), rowi = xi.select(0, r);
+                CHECK(got[0].at<std::int64_t>({r}) == first(row, true));
+                CHECK(got[1].at<std::int64_t>({r}) == first(row, false));
+                CHECK(got[2].at<std::int64_t>({r}) == first(row, true));
+                CHECK(got[3].at<std::int64_t>({r}) == first(rowi, true));
+                CHECK(got[4].at<std::int64_t>({r}) == first(rowi, false));
+            }
+        }
+    }
+}

@@ -201,6 +201,70 @@ void reduce_cols(std::int64_t ko, std::int64_t rn, std::int64_t ki, DType src_ct
     });
 }
 
+/// The first extreme (Max: maximum) of v[0..n): its index and value, or the index of the first
+/// NaN where there is one (then `nan`). SIMD lanes keep their own first extreme and its index (as
+/// a T: exact below 2^24, and n <= tile_elems); the lane of the extreme value with the lowest index
+/// wins, as the scalar scan's first extreme would.
+template <bool Max, class T>
+std::int64_t tile_arg_extreme(const T* v, std::int64_t n, T& value, bool& nan) {
+    using B = simd::Batch<T>;
+    constexpr std::int64_t w = static_cast<std::int64_t>(simd::width<T>);
+    auto better = [](T a, T b) { return Max ? a > b : a < b; };
+    nan = false;
+    std::int64_t at = 0, k = 1;
+    if (n >= 2 * w) {
+        alignas(64) T lane[w], li[w];
+        for (std::int64_t j = 0; j < w; ++j) li[j] = static_cast<T>(j);
+        B best = simd::load(v), bi = simd::load_aligned(li), idx = bi + B(static_cast<T>(w));
+        auto bad = !(best == best);
+        for (k = w; k + w <= n; k += w) {
+            const B x = simd::load(v + k);
+            if constexpr (std::is_floating_point_v<T>) bad = bad | !(x == x);
+            const auto c = Max ? x > best : x < best;
+            best = simd::impl::sel(c, x, best);
+            bi = simd::impl::sel(c, idx, bi);
+            idx = idx + B(static_cast<T>(w));
+        }
+        if constexpr (std::is_floating_point_v<T>) {
+            if (simd::impl::any_lane(bad)) {
+                for (std::int64_t j = 0; j < n; ++j)
+                    if (std::isnan(v[j])) {
+                        nan = true;
+                        return j;
+                    }
+            }
+        }
+        simd::store_aligned(lane, best);
+        simd::store_aligned(li, bi);
+        at = static_cast<std::int64_t>(li[0]);
+        for (std::int64_t j = 1; j < w; ++j) {
+            const std::int64_t i = static_cast<std::int64_t>(li[j]);
+            if (better(lane[j], v[at]) || (lane[j] == v[at] && i < at)) at = i;
+        }
+    }
+    for (; k < n; ++k) {
+        if constexpr (std::is_floating_point_v<T>) {
+            if (std::isnan(v[k])) {
+                // a NaN in the tail (or the short scan): the first NaN of the tile
+                for (std::int64_t j = 0; j <= k; ++j)
+                    if (std::isnan(v[j])) {
+                        nan = true;
+                        return j;
+                    }
+            }
+        }
+        if (better(v[k], v[at])) at = k;
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+        if (n < 2 * w && std::isnan(v[0])) {
+            nan = true;
+            return 0;
+        }
+    }
+    value = v[at];
+    return at;
+}
+
 /// Index of the first maximum (Max = true) or minimum of each row; NaN counts as the extreme,
 /// like torch.argmax.
 template <bool Max, class Source>
@@ -218,13 +282,9 @@ void arg_reduce_rows(std::int64_t outer, std::int64_t inner, DType src_ct, const
                              for (std::int64_t s = 0; s < inner && !best_nan; s += tile_elems) {
                                  const std::int64_t n = std::min(tile_elems, inner - s);
                                  source(o * inner + s, n, static_cast<void*>(buf));
-                                 for (std::int64_t k = 0; k < n; ++k) {
-                                     const T v = buf[k];
-                                     if constexpr (std::is_floating_point_v<T>) {
-                                         if (std::isnan(v)) { at = s + k; best_nan = true; break; }
-                                     }
-                                     if (at < 0 || (Max ? v > best : v < best)) { best = v; at = s + k; }
-                                 }
+                                 T v{};
+                                 const std::int64_t k = tile_arg_extreme<Max>(buf, n, v, best_nan);
+                                 if (best_nan || at < 0 || (Max ? v > best : v < best)) { best = v; at = s + k; }
                              }
                              out[o] = at;
                          }
