@@ -62,6 +62,15 @@ struct ModeScope {
     ~ModeScope() { kiln::set_cpu_codegen(prev); }
 };
 
+/// fn(a, b) one of three ways: 0 as written (expression templates), 1 compiled on the tile
+/// interpreter, 2 compiled with generated C++ (built before it runs).
+template <class F>
+std::vector<Tensor> run_way(int how, F fn, const Tensor& a, const Tensor& b) {
+    if (how == 0) return fn(a, b);
+    ModeScope mode(how == 1 ? kiln::CpuCodegen::off : kiln::CpuCodegen::sync);
+    return kiln::compile(fn)(a, b);
+}
+
 }  // namespace
 
 TEST_CASE("cpu codegen: every table op in every dtype it takes, contiguous + row broadcast and strided + column broadcast, matches eager") {
@@ -540,13 +549,7 @@ TEST_CASE("column reductions (a leading or middle axis, the innermost kept) matc
                     CAPTURE(both);
                     CAPTURE(threads);
                     CAPTURE(how);
-                    std::vector<Tensor> got;
-                    if (how == 0) {
-                        got = fn(x, xi);
-                    } else {
-                        ModeScope mode(how == 1 ? kiln::CpuCodegen::off : kiln::CpuCodegen::sync);
-                        got = kiln::compile(fn)(x, xi);
-                    }
+                    const std::vector<Tensor> got = run_way(how, fn, x, xi);
                     REQUIRE(got.size() == 7);
                     for (std::size_t k = 0; k < want.size(); ++k) {
                         CAPTURE(k);
@@ -612,13 +615,7 @@ TEST_CASE("argmax / argmin pick the first extreme, or the first NaN, at every ro
                 return std::vector<Tensor>{kiln::argmax(v, 1), kiln::argmin(v, 1), kiln::argmax(v * 2.0, 1), kiln::argmax(vi, 1),
                                            kiln::argmin(vi, 1)};
             };
-            std::vector<Tensor> got;
-            if (how == 0) {
-                got = fn(x, xi);
-            } else {
-                ModeScope mode(how == 1 ? kiln::CpuCodegen::off : kiln::CpuCodegen::sync);
-                got = kiln::compile(fn)(x, xi);
-            }
+            const std::vector<Tensor> got = run_way(how, fn, x, xi);
             for (std::int64_t r = 0; r < 8; ++r) {
                 CAPTURE(r);
                 const Tensor row = x.select(0, r), rowi = xi.select(0, r);
