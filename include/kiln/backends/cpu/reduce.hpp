@@ -39,6 +39,22 @@ T reduce_tile(const T* v, std::int64_t n) {
     return r;
 }
 
+/// Values [start, start + len) of `source` (written in compute type src_ct) as T in buf; where
+/// src_ct is not T they go through `spare` (room for len values of any compute type) first.
+template <class T, class Source>
+void source_tile(const Source& source, DType src_ct, std::int64_t start, std::int64_t len, T* buf, void* spare) {
+    if (src_ct == dtype_of<T>) {
+        source(start, len, static_cast<void*>(buf));
+        return;
+    }
+    visit_ct(src_ct, [&](auto stag) {
+        using S = typename decltype(stag)::type;
+        S* tmp = static_cast<S*>(spare);
+        source(start, len, static_cast<void*>(tmp));
+        convert_tile(tmp, buf, len);
+    });
+}
+
 /// Reduces `outer` rows of `inner` consecutive elements (in the source's iteration order) with R,
 /// writing one value per row to out (a contiguous tensor of `outer` elements). `source(start, len,
 /// dst)` writes values in compute type `src_ct`; R runs in the compute type of out's dtype.
@@ -50,18 +66,9 @@ void reduce_rows(std::int64_t outer, std::int64_t inner, DType src_ct, const Sou
         using C = typename R::Combine;
         std::vector<T> results(static_cast<std::size_t>(outer));
         struct Tag {};
-        // values of [start, start+len) as T in a scratch tile
+        // values of [start, start+len) as T in a scratch tile (the scratch's second half spare)
         auto tile_values = [&](std::int64_t start, std::int64_t len, T* buf) -> const T* {
-            if (src_ct == dtype_of<T>) {
-                source(start, len, static_cast<void*>(buf));
-            } else {
-                visit_ct(src_ct, [&](auto stag) {
-                    using S = typename decltype(stag)::type;
-                    S* tmp = reinterpret_cast<S*>(buf + tile_elems);  // second half of the scratch
-                    source(start, len, static_cast<void*>(tmp));
-                    convert_tile(tmp, buf, len);
-                });
-            }
+            source_tile(source, src_ct, start, len, buf, buf + tile_elems);
             return buf;
         };
         auto reduce_span = [&](std::int64_t start, std::int64_t len) -> Acc {
@@ -169,17 +176,8 @@ void reduce_cols(std::int64_t ko, std::int64_t rn, std::int64_t ki, DType src_ct
                     std::fill(ta, ta + cn, id);
                     for (const std::int64_t stop = std::min(r1, r + fold_every); r < stop; ++r)
                         for (std::int64_t t = 0; t < cn; t += tile_elems) {
-                            const std::int64_t n = std::min(tile_elems, cn - t), at = (o * rn + r) * ki + c0 + t;
-                            if (src_ct == dtype_of<T>) {
-                                source(at, n, static_cast<void*>(buf));
-                            } else {
-                                visit_ct(src_ct, [&](auto stag) {
-                                    using S = typename decltype(stag)::type;
-                                    S* tmp = reinterpret_cast<S*>(block + tile_elems);
-                                    source(at, n, static_cast<void*>(tmp));
-                                    convert_tile(tmp, buf, n);
-                                });
-                            }
+                            const std::int64_t n = std::min(tile_elems, cn - t);
+                            source_tile(source, src_ct, (o * rn + r) * ki + c0 + t, n, buf, block + tile_elems);
                             T* const a = ta + t;
                             std::int64_t j = 0;
                             for (; j + w <= n; j += w) simd::store(a + j, C::eval(simd::load(a + j), simd::load(buf + j)));
@@ -211,7 +209,7 @@ std::int64_t tile_arg_extreme(const T* v, std::int64_t n, T& value, bool& nan) {
     constexpr std::int64_t w = static_cast<std::int64_t>(simd::width<T>);
     auto better = [](T a, T b) { return Max ? a > b : a < b; };
     nan = false;
-    std::int64_t at = 0, k = 1;
+    std::int64_t at = 0, k = 0;
     if (n >= 2 * w) {
         alignas(64) T lane[w], li[w];
         for (std::int64_t j = 0; j < w; ++j) li[j] = static_cast<T>(j);
@@ -242,24 +240,14 @@ std::int64_t tile_arg_extreme(const T* v, std::int64_t n, T& value, bool& nan) {
             if (better(lane[j], v[at]) || (lane[j] == v[at] && i < at)) at = i;
         }
     }
-    for (; k < n; ++k) {
+    for (; k < n; ++k) {  // the tail, or a short tile from its start: a NaN met here is the tile's first
         if constexpr (std::is_floating_point_v<T>) {
             if (std::isnan(v[k])) {
-                // a NaN in the tail (or the short scan): the first NaN of the tile
-                for (std::int64_t j = 0; j <= k; ++j)
-                    if (std::isnan(v[j])) {
-                        nan = true;
-                        return j;
-                    }
+                nan = true;
+                return k;
             }
         }
         if (better(v[k], v[at])) at = k;
-    }
-    if constexpr (std::is_floating_point_v<T>) {
-        if (n < 2 * w && std::isnan(v[0])) {
-            nan = true;
-            return 0;
-        }
     }
     value = v[at];
     return at;
