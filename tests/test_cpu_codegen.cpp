@@ -490,6 +490,91 @@ TEST_CASE("cpu codegen: a row kernel keeps softmax's exp in the output row, and 
     }
 }
 
+TEST_CASE("cpu codegen: outputs of 16 MiB and more are written with streaming stores from their first aligned element, and match eager") {
+    REQUIRE(kiln::cpu_codegen_unavailable() == "");
+    ModeScope mode(kiln::CpuCodegen::sync);
+    namespace cg = kiln::detail::cppgen;
+    const int saved_threads = kiln::num_threads();
+    kiln::manual_seed(11);
+    // (4099, 1023) f32 is 16.01 MiB: segments start anywhere (rows of 1023, thread chunks), so the
+    // head before the first aligned element runs first; (1000, 1000) is 3.8 MiB: plain stores
+    const Tensor big = kiln::eager(kiln::randn({4099, 1023}) * 2.0), bias = kiln::randn({1023}), small = kiln::randn({1000, 1000});
+    const Tensor w = kiln::randn({1023}), b = kiln::randn({1023});
+    const Tensor big64 = big.slice(0, 0, 2100).to(DType::f64);
+    // streamed: plain arithmetic; chain computes float math (exp), so it stores normally
+    auto light = [](const Tensor& x) { return Tensor(x * x * -0.5 + x); };
+    auto chain = [](const Tensor& x) { return Tensor(kiln::exp(x * -0.5) * 2.0 + x); };
+    auto row_bias = [&](const Tensor& x) { return Tensor(kiln::maximum(x + bias, 0.0) * 0.5); };
+    auto two_out = [](const Tensor& x) { return std::vector<Tensor>{Tensor(x * 3.0), Tensor(x * x + 1.0)}; };
+    auto ln = [&](const Tensor& x) { return kiln::layer_norm(x, 1, w, b); };
+    auto sm = [](const Tensor& x) { return kiln::softmax(x, -1); };
+    for (int threads : {1, 2}) {
+        CAPTURE(threads);
+        kiln::set_num_threads(threads);
+        for (const Tensor* x : {&big, &small, &big64}) {
+            CHECK(maxdiff(kiln::compile(light)(*x), kiln::eager(light(*x))) <= 1e-4);  // |values| < 200, an FMA
+            CHECK(maxdiff(kiln::compile(chain)(*x), kiln::eager(chain(*x))) <= 1e-6);
+        }
+        CHECK(maxdiff(kiln::compile(light)(big.slice(1, 1, 1023)), kiln::eager(light(big.slice(1, 1, 1023)))) <= 1e-4);
+        CHECK(maxdiff(kiln::compile(row_bias)(big), kiln::eager(row_bias(big))) == 0);
+        const std::vector<Tensor> got = kiln::compile(two_out)(big), want = two_out(big);
+        REQUIRE(got.size() == 2);
+        CHECK(maxdiff(got[0], want[0]) == 0);
+        CHECK(maxdiff(got[1], want[1]) <= 1e-4);
+        CHECK(maxdiff(kiln::compile(ln)(big), kiln::eager(ln(big))) <= 1e-5);
+        CHECK(maxdiff(kiln::compile(sm)(big), kiln::eager(sm(big))) <= 1e-6);
+        // the expression templates' fused loops: into a fresh output, and into views of a buffer
+        // starting 0 and 3 floats past a 64-byte boundary
+        const Tensor flat = big.reshape({4099 * 1023});
+        const Tensor want_flat = kiln::eager(light(flat));
+        CHECK(maxdiff(Tensor(flat * flat * -0.5 + flat), want_flat) <= 1e-4);
+        const Tensor buf = kiln::zeros({flat.numel() + 16});
+        for (std::int64_t shift : {0, 3}) {
+            Tensor dst = buf.slice(0, shift, shift + flat.numel());
+            dst.assign(flat * flat * -0.5 + flat);
+            CHECK(maxdiff(dst, want_flat) <= 1e-4);
+        }
+    }
+    kiln::set_num_threads(saved_threads);
+
+    // the kernels' text: streaming stores for an output in its compute type, contiguous along the
+    // row, and a fence; a row kernel called on an output row that is not aligned stores normally
+    namespace ops = kiln::ops;
+    cg::RowProgram p;  // x - mean(x) over rows: leaf 0 (value 0), member 0 mean (value 1), member 1 sub
+    p.leaves.push_back({DType::f32, true});
+    cg::RowProgram::Member mean, sub;
+    mean.reduce = true;
+    mean.mean = true;
+    mean.rid = static_cast<ops::ReduceId>(kiln::ir::ReduceKind::sum);
+    mean.in[0] = 0;
+    sub.vec = true;
+    sub.op = ops::op_id<ops::Sub>;
+    sub.in[0] = 0;
+    sub.in[1] = 1;
+    p.members = {mean, sub};
+    p.outs = {{1, DType::f32}};
+    const std::string src = cg::row_source(p);
+    CAPTURE(src);
+    CHECK(src.find("sto<Full, NT>(p1") != std::string::npos);
+    CHECK(src.find("stream_fence()") != std::string::npos);
+    void* const loaded = cg::kernel_for(src);
+    REQUIRE(loaded != nullptr);
+    const auto fn = reinterpret_cast<cg::RowsFn>(loaded);
+    const std::int64_t rows = 4100, n = 1024;  // 16.02 MiB of output
+    const Tensor x = kiln::randn({rows, n});
+    const Tensor expect = kiln::eager(x - kiln::mean(x, {-1}, true));
+    for (int shift : {0, 1, 3}) {  // floats the output starts past a 64-byte boundary
+        CAPTURE(shift);
+        const Tensor out = kiln::zeros({rows * n + 16});
+        const std::int64_t oshape[1] = {rows}, ostr[2] = {n, n};
+        void* ptrs[2] = {x.data_ptr(), out.data<float>() + shift};
+        fn(ptrs, oshape, ostr, nullptr, n, 0, rows);
+        CHECK(maxdiff(out.slice(0, shift, shift + rows * n).reshape({rows, n}), expect) <= 1e-6);
+    }
+    p.outs = {{1, DType::bf16}};  // stored through a conversion: never streamed
+    CHECK(cg::row_source(p).find("sto<") == std::string::npos);
+}
+
 TEST_CASE("column reductions (a leading or middle axis, the innermost kept) match a float64 loop: fused, compiled on the interpreter and generated, 1-3 threads") {
     REQUIRE(kiln::cpu_codegen_unavailable() == "");
     const int saved_threads = kiln::num_threads();

@@ -52,6 +52,11 @@ template <class E, class T> struct RunsIn : std::true_type {};
 template <class T, class Op, class... A>
 struct RunsIn<Node<Op, A...>, T> : std::bool_constant<kiln::detail::op_runs_in<Op, T> && (RunsIn<A, T>::value && ...)> {};
 
+/// Whether every op of E may write large outputs with streaming stores (ops::streams_ok).
+template <class E> struct Streams : std::true_type {};
+template <class Op, class... A>
+struct Streams<Node<Op, A...>> : std::bool_constant<ops::streams_ok(Op::rule) && (Streams<A>::value && ...)> {};
+
 /// The tensors (in leaf order, repeats kept) and scalars of an expression.
 inline void collect(const Flat& f, std::vector<const Tensor*>& leaves, std::vector<double>& scalars) {
     for (const Flat::Item& it : f.items) {
@@ -86,25 +91,42 @@ template <class T, std::size_t L, std::size_t S, class E>
 }
 
 /// out[i] = e at element i, for i < n; leaf k's values start at lp[k]. The whole tree is one
-/// loop body: every intermediate lives in registers.
+/// loop body: every intermediate lives in registers. `stream`: write with streaming stores from
+/// the first aligned element, where e is bound by memory (Streams).
 template <class T, class E>
-void fused_tile(const E& e, const T* const* lp, const T* scalars, T* out, std::int64_t n) {
+void fused_tile(const E& e, const T* const* lp, const T* scalars, T* out, std::int64_t n, [[maybe_unused]] bool stream = false) {
     constexpr std::size_t nl = Count<E>::leaves, ns = Count<E>::scalars;
     constexpr std::int64_t w = static_cast<std::int64_t>(simd::width<T>);
     simd::Batch<T> sv[ns ? ns : 1];
     for (std::size_t s = 0; s < ns; ++s) sv[s] = simd::splat(scalars[s]);
-    std::int64_t i = 0;
-    for (; i + w <= n; i += w) simd::store(out + i, eval_at<T, 0, 0>(e, lp, sv, i));
-    if (i < n) {  // the tail through the same code, on padded copies
+    auto part = [&](std::int64_t b, std::int64_t e1) {  // fewer than w elements through the same code, on padded copies
         alignas(64) T pad[nl ? nl : 1][w] = {};
         const T* pp[nl ? nl : 1];
         for (std::size_t k = 0; k < nl; ++k) {
-            std::copy(lp[k] + i, lp[k] + n, pad[k]);
+            std::copy(lp[k] + b, lp[k] + e1, pad[k]);
             pp[k] = pad[k];
         }
         alignas(64) T res[w];
         simd::store_aligned(res, eval_at<T, 0, 0>(e, pp, sv, 0));
-        std::copy(res, res + (n - i), out + i);
+        std::copy(res, res + (e1 - b), out + b);
+    };
+    std::int64_t i = 0;
+    if constexpr (Streams<E>::value) {
+        if (stream && n >= 2 * w) {
+            constexpr auto a = sizeof(simd::Batch<T>);
+            const std::int64_t h = static_cast<std::int64_t>((a - reinterpret_cast<std::uintptr_t>(out) % a) % a / sizeof(T));
+            if (h > 0) {
+                part(0, h);
+                i = h;
+            }
+            if (reinterpret_cast<std::uintptr_t>(out + i) % a == 0)
+                for (; i + w <= n; i += w) simd::store_stream(out + i, eval_at<T, 0, 0>(e, lp, sv, i));
+        }
+    }
+    for (; i + w <= n; i += w) simd::store(out + i, eval_at<T, 0, 0>(e, lp, sv, i));
+    if (i < n) part(i, n);
+    if constexpr (Streams<E>::value) {
+        if (stream) simd::stream_fence();
     }
 }
 
@@ -142,6 +164,10 @@ public:
     bool direct(std::size_t k) const { return direct_[k] != 0; }
     const std::vector<double>& scalars() const { return scalars_; }
 
+    /// Whether fused loops write with streaming stores (dst is the output's memory, and it is large).
+    bool stream() const { return stream_; }
+    void set_stream(bool s) { stream_ = s; }
+
     void tile(std::int64_t start, std::int64_t len, void* dst) const {
         if (fused_.tile) fused_.tile(fused_.expr, *this, start, len, dst);
         else runner_->tile(start, len, dst);
@@ -154,6 +180,7 @@ private:
     std::vector<double> scalars_;
     Fused fused_;
     DType ct_ = DType::f32;
+    bool stream_ = false;
     std::unique_ptr<kiln::detail::TileProgram> prog_;
     std::unique_ptr<kiln::detail::ProgramRunner> runner_;
 };
@@ -176,7 +203,7 @@ void fused_tile_at(const E& e, const EvalState& st, std::int64_t start, std::int
     }
     T sc[ns ? ns : 1] = {};
     for (std::size_t s = 0; s < ns; ++s) sc[s] = static_cast<T>(st.scalars()[s]);
-    fused_tile<T>(e, lp, sc, dst, len);
+    fused_tile<T>(e, lp, sc, dst, len, st.stream());
 }
 
 template <class E>

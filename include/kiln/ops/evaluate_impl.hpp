@@ -99,7 +99,10 @@ KILN_DECL void evaluate_into(const Flat& f, Fused fused, const Tensor& out) {
         return;
     }
     kiln::detail::Access oa = kiln::detail::access_of(out, out.shape());
-    const EvalState ev(f, fused, out.shape(), {}, {&oa});
+    EvalState ev(f, fused, out.shape(), {}, {&oa});
+    // written straight into the output's memory (store_tiles' direct case): large ones streamed
+    ev.set_stream(kiln::detail::is_linear(ev.space(), oa) && oa.dtype == ev.ct() &&
+                  ev.space().numel() * static_cast<std::int64_t>(dtype_size(oa.dtype)) >= simd::stream_min_bytes);
     kiln::detail::store_tiles(ev.space(), oa, ev.ct(),
                               [&](std::int64_t start, std::int64_t len, void* dst) { ev.tile(start, len, dst); });
 }

@@ -461,6 +461,14 @@ inline int op_arity(OpId id) {
 inline DTypeRule op_rule(OpId id) {
     return visit_op(id, [](auto t) { return decltype(t)::type::rule; });
 }
+/// Whether a loop computing an op of this rule may write its large outputs with streaming stores
+/// (simd::store_stream, simd::stream_min_bytes): not where it computes float math (a
+/// transcendental, a division, a root). Such loops are bound by arithmetic, and there streaming
+/// made them slower (one thread, Zen 4, 2026-12-07, bench/results/cpu_2026-12-07_s27): chain16M's
+/// generated kernel (exp, tanh, sigmoid) 12.0 -> 12.5-13.9 ms, bias_gelu's 3.5 -> 3.8-3.9 ms. Loops
+/// of plain arithmetic are bound by memory, and there it saves the read for ownership: x * 2 + 1
+/// over 64 MB 6.1 -> 4.5 ms, the last pass of layer_norm over 8192 x 1024 4.2 -> 2.7 ms.
+constexpr bool streams_ok(DTypeRule r) { return r != DTypeRule::float_math; }
 inline Grad op_grad(OpId id) {
     return visit_op(id, [](auto t) { return decltype(t)::type::grad; });
 }

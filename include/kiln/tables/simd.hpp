@@ -9,7 +9,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <xsimd/xsimd.hpp>
-#if XSIMD_WITH_AVX512F
+#if XSIMD_WITH_AVX512F || XSIMD_WITH_AVX || XSIMD_WITH_SSE2
 #include <immintrin.h>
 #endif
 #pragma GCC diagnostic pop
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -49,6 +50,46 @@ template <class T> Batch<T> load_aligned(const T* p) { return Batch<T>::load_ali
 template <class T> void store(T* p, const Batch<T>& v) { v.store_unaligned(p); }
 template <class T> void store_aligned(T* p, const Batch<T>& v) { v.store_aligned(p); }
 template <class T> Batch<T> splat(T v) { return Batch<T>(v); }
+/// Outputs of at least this many bytes are written with store_stream by loops bound by memory
+/// (ops::streams_ok), in fused expressions and in generated CPU kernels: a third less traffic for
+/// a write-only stream. Smaller outputs are stored normally, in cache for their next reader.
+inline constexpr std::int64_t stream_min_bytes = std::int64_t{16} << 20;
+/// Stores v at p, aligned to sizeof(Batch<T>), with a non-temporal store where the ISA has one:
+/// the line goes to memory without first being read (no read for ownership) and without evicting
+/// cached data. Call stream_fence() before another thread reads what was stored this way.
+template <class T> void store_stream(T* p, const Batch<T>& v) {
+#if XSIMD_WITH_AVX512F
+    if constexpr (sizeof(Batch<T>) == 64) {
+        __m512i r;
+        std::memcpy(&r, &v, 64);
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(p), r);
+        return;
+    }
+#endif
+#if XSIMD_WITH_AVX
+    if constexpr (sizeof(Batch<T>) == 32) {
+        __m256i r;
+        std::memcpy(&r, &v, 32);
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(p), r);
+        return;
+    }
+#endif
+#if XSIMD_WITH_SSE2
+    if constexpr (sizeof(Batch<T>) == 16) {
+        __m128i r;
+        std::memcpy(&r, &v, 16);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(p), r);
+        return;
+    }
+#endif
+    v.store_aligned(p);
+}
+/// Orders the non-temporal stores before it ahead of every later store (x86's sfence).
+inline void stream_fence() {
+#if XSIMD_WITH_SSE2
+    _mm_sfence();
+#endif
+}
 /// Writes the transpose of the 16 x 16 floats at src (row stride ls) to dst (row stride ld): with
 /// AVX-512, 16 loads, 64 in-register shuffles and 16 stores; one element at a time otherwise.
 inline void transpose16(const float* src, std::ptrdiff_t ls, float* dst, std::ptrdiff_t ld) {
@@ -237,6 +278,11 @@ template <class M> [[gnu::always_inline]] inline bool any_lane(const M& m) {
     if constexpr (std::is_same_v<M, bool>) return m;
     else return xsimd::any(m);
 }
+/// Whether every lane of a comparison holds.
+template <class M> [[gnu::always_inline]] inline bool all_lanes(const M& m) {
+    if constexpr (std::is_same_v<M, bool>) return m;
+    else return xsimd::all(m);
+}
 
 // Denormal operands and results are microcoded on x86 (Zen 5: a division by or of a denormal, a
 // MUL whose result is denormal; 1.8-3.4x slower batches in kiln_simd_probe). Where a formula would
@@ -287,11 +333,28 @@ template <class V> inline V sigmoid_f32(const V& x) {
     return num / (one + e);
 }
 
+/// tanh a for 0 <= a < 0.625 as a + a^3 P(a^2) (Cephes' tanhf coefficients): max 0.72 ULP with FMA
+/// over every float there, and no division.
+template <class V> [[gnu::always_inline]] inline V tanh_small_f32(const V& a) {
+    const V s = a * a;
+    V p = fmadd(V(-0x1.75e1d4p-8f), s, V(0x1.52269cp-6f));
+    p = fmadd(p, s, V(-0x1.b83c5ap-5f));
+    p = fmadd(p, s, V(0x1.110726p-3f));
+    p = fmadd(p, s, V(-0x1.555532p-2f));
+    return fmadd(p * s, a, a);
+}
+
 /// tanh of |x| = ax, with the sign of x.
 template <class V> inline V tanh_core_f32(const V& ax, const V& x) {
+    using I = bits_of<V>;
+    const V sign = from_bits<V>(to_bits(x) & I(std::int32_t(0x80000000u)));
+    // Below 0.625 an odd polynomial (each lane takes it whatever its neighbours are, so a value
+    // does not depend on where it falls in a batch); a batch with no such lane skips it, and one
+    // with only such lanes skips the division below.
+    const auto small = ax < V(0.625f);
+    if (all_lanes(small)) return from_bits<V>(to_bits(tanh_small_f32(ax)) | to_bits(sign));
     // tanh|x| = m / (m + 2) with m = e^2|x| - 1: no cancellation anywhere (m keeps full relative
     // precision near 0), and m's own error fades as m grows. Past |x| = 9.0109 tanh rounds to 1.
-    using I = bits_of<V>;
     const V a = min_keep_nan(V(9.02f), ax);
     const V y = a + a;
     const V shift(0x1.8p23f);
@@ -303,8 +366,9 @@ template <class V> inline V tanh_core_f32(const V& ax, const V& x) {
     const V two_n = pow2_f32(n, t);
     // e^y - 1 = 2^n (e^r - 1) + (2^n - 1), where 2^n - 1 is exact for n <= 24.
     const V m = fmadd(two_n, em_r, two_n - V(1.0f));
-    const V th = m / (m + V(2.0f));
-    return from_bits<V>(to_bits(th) | (to_bits(x) & I(std::int32_t(0x80000000u))));
+    V th = m / (m + V(2.0f));
+    if (any_lane(small)) th = sel(small, tanh_small_f32(ax), th);
+    return from_bits<V>(to_bits(th) | to_bits(sign));
 }
 
 template <class V> inline V tanh_f32(const V& x) {
@@ -504,8 +568,8 @@ template <real_value V> V sigmoid(V x) {
     }
 }
 
-/// tanh. f32: max 2.57 ULP with FMA, 2.61 without (every float; relative error < 1.9e-7), exactly
-/// +-1 from |x| = 9.0109, odd. f64: xsimd (max 1.3 ULP) / std::tanh (max 2.2 ULP).
+/// tanh. f32: max 1.5 ULP with FMA (every float; an odd polynomial below 0.625, 0.72 ULP there),
+/// within 2.65 without, exactly +-1 from |x| = 9.0109, odd. f64: xsimd (max 1.3 ULP) / std::tanh (max 2.2 ULP).
 template <real_value V> V tanh(V x) {
     if constexpr (std::is_same_v<scalar_of<V>, float>) return impl::tanh_f32(x);
     else if constexpr (is_batch_v<V>) return xsimd::tanh(x);

@@ -60,6 +60,28 @@ template <bool Full, class S, class T> inline void st(S* p, i64 s, int n, const 
     if (s == 1) { for (int k = 0; k < n; ++k) p[k] = kiln::detail::store_as<S>(t[k]); }
     else { for (int k = 0; k < n; ++k) p[k * s] = kiln::detail::store_as<S>(t[k]); }
 }
+// Outputs of at least stream_min_bytes in all, of loops bound by memory, are written with
+// non-temporal stores (sto<Full, true>; simd.hpp's store_stream says why).
+inline constexpr i64 stream_min_bytes = kiln::detail::simd::stream_min_bytes;
+template <class T> inline bool stream_aligned(const T* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(B<T>) == 0; }
+// Elements of T from p up to the next address aligned for a streaming store.
+template <class T> inline int stream_head(const T* p) {
+    const std::uintptr_t a = sizeof(B<T>), m = reinterpret_cast<std::uintptr_t>(p) % a;
+    return static_cast<int>((a - m) % a / sizeof(T));
+}
+template <bool Full, bool NT, class S, class T> inline void sto(S* p, i64 s, int n, const V<T>& v) {
+    if constexpr (NT && Full && std::is_same_v<S, T>) {
+        for (int q = 0; q < P<T>; ++q) kiln::detail::simd::store_stream(p + q * W<T>, v.b[q]);
+    } else {
+        st<Full>(p, s, n, v);
+    }
+}
+using kiln::detail::simd::stream_fence;
+template <int R> inline i64 numel(const i64* shape) {
+    i64 n = 1;
+    for (int d = 0; d < R; ++d) n *= shape[d];
+    return n;
+}
 // A value in another compute type (the interpreter's convert step: static_cast per element).
 template <class To, class From> inline V<To> to(const V<From>& v) {
     if constexpr (std::is_same_v<To, From>) { return v; }
@@ -171,6 +193,9 @@ inline void declare_at(std::string& s, const std::vector<DType>& dtypes, std::si
     }
 }
 
+/// Whether a loop computing `op` per element may write its large outputs with streaming stores.
+inline bool streams_ok(ops::OpId op) { return ops::streams_ok(ops::op_rule(op)); }
+
 /// The source of `p`'s kernel (p collapsed, rank >= 1), or "" where the generator does not cover
 /// it (then the interpreter runs it). What the text fixes: the rank, each access's dtype and
 /// whether its innermost stride is 1, 0 or other, and the instruction list; sizes, strides,
@@ -233,7 +258,7 @@ inline std::string group_source(const TileProgram& p) {
         if (inner(*acc[k]) == 0)
             s += "        const V<" + std::string(ct_name(ct)) + "> " + leaf_name(k, ct) + " = splat<" + std::string(ct_name(ct)) +
                  ">(cv<" + std::string(ct_name(ct)) + ">(p" + std::to_string(k) + "[0]));\n";
-    s += "        auto chunk = [&]<bool Full>(i64 i, int m) {\n";
+    s += "        auto chunk = [&]<bool Full, bool NT>(i64 i, int m) {\n";
     for (const auto& [k, ct] : uses) {
         if (inner(*acc[k]) == 0) continue;
         const std::string ks = std::to_string(k), stride = inner(*acc[k]) == 1 ? "1" : "is" + ks;
@@ -257,21 +282,51 @@ inline std::string group_source(const TileProgram& p) {
             if (ins.in[k] >= 0) s += ", " + value(ins.in[k], ct);
         s += ");  // " + std::string(ops::op_name(ins.op)) + "\n";
     }
+    // outputs contiguous along the segment in their compute type, when the loop is light enough
+    // to be bound by memory (see streams_ok)
+    std::vector<std::size_t> streamed;
+    bool light = true;
+    for (const auto& ins : p.instrs) light = light && streams_ok(ins.op);
     auto store = [&](std::size_t k, int v) {
         const std::size_t i = static_cast<std::size_t>(v) - nl - ns;
         const std::string ks = std::to_string(k);
         const std::string stride = inner(*acc[k]) == 1 ? "1" : inner(*acc[k]) == 0 ? "0" : "is" + ks;
-        s += "            st<Full>(p" + ks + " + i * " + stride + ", " + stride + ", m, v" + std::to_string(i) + ");\n";
+        const bool nt = light && inner(*acc[k]) == 1 && acc[k]->dtype == born[i];
+        if (nt) streamed.push_back(k);
+        s += std::string("            ") + (nt ? "sto<Full, NT>" : "st<Full>") + "(p" + ks + " + i * " + stride + ", " + stride + ", m, v" +
+             std::to_string(i) + ");\n";
     };
     store(nl, static_cast<int>(nl + ns + p.instrs.size() - 1));
     for (std::size_t k = 0; k < p.side.size(); ++k) store(nl + 1 + k, p.side[k].first);
     s += "        };\n";
     s += "        i64 i = 0;\n";
-    s += "        for (; i + L <= n; i += L) chunk.template operator()<true>(i, L);\n";
-    s += "        if (i < n) chunk.template operator()<false>(i, static_cast<int>(n - i));\n";
+    if (!streamed.empty()) {
+        // a segment long enough: a head up to the first output's streaming alignment, then
+        // streaming stores while every streamed output is aligned there
+        const std::string p0 = "p" + std::to_string(streamed[0]);
+        std::string aligned;
+        for (std::size_t k : streamed) aligned += std::string(aligned.empty() ? "" : " && ") + "stream_aligned(p" + std::to_string(k) + " + i)";
+        s += "        if (stream && n >= 2 * L) {\n";
+        s += "            const int h = stream_head(" + p0 + ");\n";
+        s += "            if (h > 0) { chunk.template operator()<false, false>(0, h); i = h; }\n";
+        s += "            if (" + aligned + ")\n";
+        s += "                for (; i + L <= n; i += L) chunk.template operator()<true, true>(i, L);\n";
+        s += "        }\n";
+    }
+    s += "        for (; i + L <= n; i += L) chunk.template operator()<true, false>(i, L);\n";
+    s += "        if (i < n) chunk.template operator()<false, false>(i, static_cast<int>(n - i));\n";
     s += "        pos += n;\n        idx[R - 1] += n;\n";
     s += "        for (int d = R - 1; d > 0 && idx[d] == shape[d]; --d) { idx[d] = 0; ++idx[d - 1]; }\n";
-    s += "    }\n}\n";
+    s += "    }\n";
+    std::string head;
+    if (!streamed.empty()) {
+        std::size_t bytes = 0;
+        for (std::size_t k : streamed) bytes += dtype_size(acc[k]->dtype);
+        head = "    const bool stream = numel<R>(shape) * " + std::to_string(bytes) + " >= stream_min_bytes;\n";
+        s += "    if (stream) stream_fence();\n";
+    }
+    s += "}\n";
+    if (!head.empty()) s.insert(s.find("    i64 idx[R];\n"), head);
     return s;
 }
 
@@ -408,6 +463,16 @@ inline std::string row_source(const RowProgram& p) {
             const int v = p.members[m].in[k];
             if (!p.members[m].vec && !p.members[m].reduce && v >= 0 && varies(v)) return "";
         }
+    // outputs written with streaming stores when large: a vec member's row in T, not a buffer
+    std::vector<char> out_nt(p.outs.size(), 0);
+    std::size_t nt_bytes = 0;
+    bool light = true;
+    for (const auto& mb : p.members) light = light && (!mb.vec || streams_ok(mb.op));
+    for (std::size_t k = 0; k < p.outs.size() && light; ++k)
+        if (p.members[static_cast<std::size_t>(p.outs[k].member)].vec && p.outs[k].dtype == ct && !out_taken[k]) {
+            out_nt[k] = 1;
+            nt_bytes += dtype_size(ct);
+        }
     std::string s;
     s.reserve(8192);
     s += "#include \"kiln_cpu_prelude.hpp\"\n";
@@ -422,9 +487,16 @@ inline std::string row_source(const RowProgram& p) {
     for (std::size_t k = 0; k < ns; ++k)
         s += "    const T c" + std::to_string(k) + " = static_cast<T>(sc[" + std::to_string(k) + "]);\n";
     if (nbuf > 0) s += "    std::vector<T> buf(static_cast<std::size_t>(" + std::to_string(nbuf) + " * inner + L));\n";
+    if (nt_bytes > 0) s += "    const bool stream = numel<O>(oshape) * inner * " + std::to_string(nt_bytes) + " >= stream_min_bytes;\n";
     s += "    i64 idx[O];\n    unravel<O>(begin, oshape, idx);\n";
     s += "    for (i64 o = begin; o < end; ++o) {\n";
     declare_at(s, dtypes, nl, "O", "ostr", O);
+    if (nt_bytes > 0) {
+        s += "        const bool nt = stream";
+        for (std::size_t k = 0; k < p.outs.size(); ++k)
+            if (out_nt[k]) s += " && stream_aligned(p" + std::to_string(nl + k) + ")";
+        s += ";\n";
+    }
     for (std::size_t k = 0; k < nl; ++k)
         if (!p.leaves[k].varies) s += "        const T l" + std::to_string(k) + " = cv<T>(p" + std::to_string(k) + "[0]);\n";
     for (std::size_t m = 0; m < nm; ++m) {
@@ -479,7 +551,8 @@ inline std::string row_source(const RowProgram& p) {
             s += "            V<T> ab" + ms + "[4];\n";
             s += "            for (int j = 0; j < 4; ++j) ab" + ms + "[j] = splat<T>(R" + ms + "::template identity<T>());\n";
         }
-        s += "            auto chunk = [&]<bool Full, int J>(i64 i, int n) {\n";
+        s += "            auto chunk = [&]<bool Full, int J, bool NT>(i64 i, int n) {\n";
+        bool stage_nt = false;
         // values this stage reads: leaves (varying) loaded, earlier-stage vec members from buffers
         // or computed again (remat)
         std::vector<int> loaded;
@@ -540,17 +613,31 @@ inline std::string row_source(const RowProgram& p) {
                 if (p.outs[k].member != static_cast<int>(m)) continue;
                 for (std::size_t b = 0; b < nm; ++b)  // a value buffered in this output's row: read before it is overwritten
                     if (in_out[b] == static_cast<int>(k) && b != m) vec_name(static_cast<int>(nl + ns + b));
-                s += "                st<Full>(p" + std::to_string(nl + k) + " + i, 1, n, v" + ms + ");\n";
+                stage_nt = stage_nt || out_nt[k];
+                s += std::string("                ") + (out_nt[k] ? "sto<Full, NT>" : "st<Full>") + "(p" + std::to_string(nl + k) +
+                     " + i, 1, n, v" + ms + ");\n";
             }
         }
         s += "            };\n";
-        s += "            i64 i = 0;\n";
-        s += "            for (; i + 4 * L <= tn; i += 4 * L) {\n";
-        for (int j = 0; j < 4; ++j)
-            s += "                chunk.template operator()<true, " + std::to_string(j) + ">(t0 + i + " + std::to_string(j) + " * L, L);\n";
-        s += "            }\n";
-        s += "            for (; i + L <= tn; i += L) chunk.template operator()<true, 0>(t0 + i, L);\n";
-        s += "            if (i < tn) chunk.template operator()<false, 0>(t0 + i, static_cast<int>(tn - i));\n";
+        auto loops = [&](const std::string& pad, const char* nt) {
+            s += pad + "i64 i = 0;\n";
+            s += pad + "for (; i + 4 * L <= tn; i += 4 * L) {\n";
+            for (int j = 0; j < 4; ++j)
+                s += pad + "    chunk.template operator()<true, " + std::to_string(j) + ", " + nt + ">(t0 + i + " + std::to_string(j) +
+                     " * L, L);\n";
+            s += pad + "}\n";
+            s += pad + "for (; i + L <= tn; i += L) chunk.template operator()<true, 0, " + nt + ">(t0 + i, L);\n";
+            s += pad + "if (i < tn) chunk.template operator()<false, 0, false>(t0 + i, static_cast<int>(tn - i));\n";
+        };
+        if (stage_nt) {  // the same loops with streaming stores, for rows where they apply
+            s += "            if (nt) {\n";
+            loops("                ", "true");
+            s += "            } else {\n";
+            loops("                ", "false");
+            s += "            }\n";
+        } else {
+            loops("            ", "false");
+        }
         for (std::size_t m : reds) {
             const std::string ms = std::to_string(m);
             s += "            acc<R" + ms + ">(ab" + ms + "[0], ab" + ms + "[1]);\n            acc<R" + ms + ">(ab" + ms + "[2], ab" + ms +
@@ -576,7 +663,9 @@ inline std::string row_source(const RowProgram& p) {
             s += "        p" + std::to_string(nl + k) + "[0] = kiln::detail::store_as<" + std::string(cpp_type(p.outs[k].dtype)) + ">(m" +
                  std::to_string(p.outs[k].member) + ");\n";
     s += "        for (int d = O - 1; d >= 0; --d) { if (++idx[d] < oshape[d]) break; idx[d] = 0; }\n";
-    s += "    }\n}\n";
+    s += "    }\n";
+    if (nt_bytes > 0) s += "    if (stream) stream_fence();\n";
+    s += "}\n";
     return s;
 }
 
