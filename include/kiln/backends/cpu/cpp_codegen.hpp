@@ -136,7 +136,8 @@ template <class R, class T> inline void acc_n(T& a, const V<T>& v, int n) {
 }
 // The multi-index of element `at` of a row-major shape.
 template <int R> inline void unravel(i64 at, const i64* shape, i64* idx) {
-    for (int d = R - 1; d >= 0; --d) { idx[d] = at % shape[d]; at /= shape[d]; }
+    for (int d = R - 1; d > 0; --d) { idx[d] = at % shape[d]; at /= shape[d]; }
+    idx[0] = at;  // at < shape[0] here (no division: a rank-1 kernel's call has none)
 }
 // Element offsets of a segment start: idx (the multi-index) against each access's strides.
 template <int R> inline i64 offset(const i64* idx, const i64* strides) {
@@ -200,7 +201,9 @@ inline bool streams_ok(ops::OpId op) { return ops::streams_ok(ops::op_rule(op));
 /// it (then the interpreter runs it). What the text fixes: the rank, each access's dtype and
 /// whether its innermost stride is 1, 0 or other, and the instruction list; sizes, strides,
 /// scalars and addresses are arguments, so one build serves every shape of that layout.
-inline std::string group_source(const TileProgram& p) {
+/// `streams`: large outputs of a loop bound by memory are written with streaming stores (false
+/// where the output is a caller's tile that is read back at once: a reduction's prologue).
+inline std::string group_source(const TileProgram& p, bool streams = true) {
     using program_detail::kernel_ct;
     const int R = p.space.shape.rank();
     if (R < 1 || R > max_rank || p.instrs.empty()) return "";
@@ -285,7 +288,7 @@ inline std::string group_source(const TileProgram& p) {
     // outputs contiguous along the segment in their compute type, when the loop is light enough
     // to be bound by memory (see streams_ok)
     std::vector<std::size_t> streamed;
-    bool light = true;
+    bool light = streams;
     for (const auto& ins : p.instrs) light = light && streams_ok(ins.op);
     auto store = [&](std::size_t k, int v) {
         const std::size_t i = static_cast<std::size_t>(v) - nl - ns;

@@ -481,7 +481,9 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
 /// The generated kernel for a collapsed program, or nullptr (codegen off, not covered, building);
 /// `program` names which of its group's programs p is where a group has several (a reduce group's
 /// outputs: each its own prologue), "" for the group's one.
-inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo, const std::string& program = {});
+/// p's generated kernel, built or looked up once per layout. `streams`: large outputs may be written
+/// with streaming stores (not where the output is a caller's tile, read back at once).
+inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo, const std::string& program = {}, bool streams = true);
 /// A reduce group: each of its reductions (several when fuse::merge_reduce_groups joined them,
 /// which the CPU's limits leave off: its row groups join reductions) over its prologue, whose
 /// values come from its generated C++ kernel once that is loaded (memo), else from the tile interpreter.
@@ -531,7 +533,7 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
     if (memo && !p.instrs.empty() && p.leaves.size() < max_generated_accesses) {
         q = p;
         q.out = Access{nullptr, runner.result_ct(), contiguous_strides(q.space.shape)};
-        if ((gen = generated_kernel(q, *memo, "reduce " + std::to_string(r) + ":"))) {
+        if ((gen = generated_kernel(q, *memo, "reduce " + std::to_string(r) + ":", false))) {
             for (const Access* a : q.accesses()) {
                 gptrs.push_back(a->base);
                 for (int d = 0; d < q.space.shape.rank(); ++d) gstrides.push_back(a->strides[d]);
@@ -563,16 +565,17 @@ inline void run_reduce_output(const ir::Graph& g, const fuse::Group& G, int r, s
     }
 }
 
-inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo, const std::string& program) {
+inline cppgen::GroupFn generated_kernel(const TileProgram& p, GroupKernels& memo, const std::string& program, bool streams) {
     if (cpu_codegen() == CpuCodegen::off) return nullptr;
     std::string layout = program;
+    layout += streams ? 's' : 'n';
     layout += static_cast<char>(p.space.shape.rank());
     for (const Access* a : p.accesses()) {
         const std::int64_t in = a->strides.rank() ? a->strides[a->strides.rank() - 1] : 1;
         layout += static_cast<char>(a->dtype);
         layout += static_cast<char>(in == 0 ? 0 : in == 1 ? 1 : 2);
     }
-    return reinterpret_cast<cppgen::GroupFn>(memo.get(layout, [&] { return cppgen::group_source(p); }));
+    return reinterpret_cast<cppgen::GroupFn>(memo.get(layout, [&] { return cppgen::group_source(p, streams); }));
 }
 
 /// A collapsed program's arguments for its generated kernel (cppgen::GroupFn): each access's base
