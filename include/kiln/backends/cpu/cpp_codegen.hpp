@@ -136,8 +136,7 @@ template <class R, class T> inline void acc_n(T& a, const V<T>& v, int n) {
 }
 // The multi-index of element `at` of a row-major shape.
 template <int R> inline void unravel(i64 at, const i64* shape, i64* idx) {
-    for (int d = R - 1; d > 0; --d) { idx[d] = at % shape[d]; at /= shape[d]; }
-    idx[0] = at;  // at < shape[0] here (no division: a rank-1 kernel's call has none)
+    for (int d = R - 1; d >= 0; --d) { idx[d] = at % shape[d]; at /= shape[d]; }
 }
 // Element offsets of a segment start: idx (the multi-index) against each access's strides.
 template <int R> inline i64 offset(const i64* idx, const i64* strides) {
