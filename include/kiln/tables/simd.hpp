@@ -9,7 +9,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <xsimd/xsimd.hpp>
-#if XSIMD_WITH_AVX512F || XSIMD_WITH_AVX || XSIMD_WITH_SSE2
+#if XSIMD_WITH_AVX512F
 #include <immintrin.h>
 #endif
 #pragma GCC diagnostic pop
