@@ -113,13 +113,12 @@ void fused_tile(const E& e, const T* const* lp, const T* scalars, T* out, std::i
     std::int64_t i = 0;
     if constexpr (Streams<E>::value) {
         if (stream && n >= 2 * w) {
-            constexpr auto a = sizeof(simd::Batch<T>);
-            const std::int64_t h = static_cast<std::int64_t>((a - reinterpret_cast<std::uintptr_t>(out) % a) % a / sizeof(T));
+            const std::int64_t h = simd::stream_head(out);
             if (h > 0) {
                 part(0, h);
                 i = h;
             }
-            if (reinterpret_cast<std::uintptr_t>(out + i) % a == 0)
+            if (simd::stream_aligned(out + i))
                 for (; i + w <= n; i += w) simd::store_stream(out + i, eval_at<T, 0, 0>(e, lp, sv, i));
         }
     }

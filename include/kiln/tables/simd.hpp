@@ -84,6 +84,13 @@ template <class T> void store_stream(T* p, const Batch<T>& v) {
 #endif
     v.store_aligned(p);
 }
+/// Whether p is aligned for store_stream.
+template <class T> bool stream_aligned(const T* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(Batch<T>) == 0; }
+/// Elements of T from p up to the next address aligned for store_stream.
+template <class T> int stream_head(const T* p) {
+    const std::uintptr_t a = sizeof(Batch<T>), m = reinterpret_cast<std::uintptr_t>(p) % a;
+    return static_cast<int>((a - m) % a / sizeof(T));
+}
 /// Orders the non-temporal stores before it ahead of every later store (x86's sfence).
 inline void stream_fence() {
 #if XSIMD_WITH_SSE2

@@ -63,12 +63,8 @@ template <bool Full, class S, class T> inline void st(S* p, i64 s, int n, const 
 // Outputs of at least stream_min_bytes in all, of loops bound by memory, are written with
 // non-temporal stores (sto<Full, true>; simd.hpp's store_stream says why).
 inline constexpr i64 stream_min_bytes = kiln::detail::simd::stream_min_bytes;
-template <class T> inline bool stream_aligned(const T* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(B<T>) == 0; }
-// Elements of T from p up to the next address aligned for a streaming store.
-template <class T> inline int stream_head(const T* p) {
-    const std::uintptr_t a = sizeof(B<T>), m = reinterpret_cast<std::uintptr_t>(p) % a;
-    return static_cast<int>((a - m) % a / sizeof(T));
-}
+using kiln::detail::simd::stream_aligned;
+using kiln::detail::simd::stream_head;
 template <bool Full, bool NT, class S, class T> inline void sto(S* p, i64 s, int n, const V<T>& v) {
     if constexpr (NT && Full && std::is_same_v<S, T>) {
         for (int q = 0; q < P<T>; ++q) kiln::detail::simd::store_stream(p + q * W<T>, v.b[q]);
