@@ -368,6 +368,47 @@ TEST_CASE("nn::conv2d: strides, padding, dilation, bias, relu, non-contiguous in
           std::string::npos);
 }
 
+TEST_CASE("nn::conv2d on the CPU read in place from channels-last input: channel runs of 8 and tails, residual, relu, f64") {
+    // the implicit GEMM (nn/conv_impl.hpp's Im2colSource, on AVX-512 builds; im2col and a product
+    // elsewhere) against float64 loops: channel counts with and without an 8-wide tail, output
+    // channels past a 32-wide register tile, strides, padding, dilation, an input whose pixels are
+    // further apart than its channels (a slice of wider channels-last memory), an NCHW input
+    manual_seed(28);
+    struct Case { std::int64_t c, oc, k, s, p, d; bool bias, relu, res; DType dt; };
+    for (const Case q : {Case{16, 24, 3, 1, 1, 1, true, true, true, DType::f32}, Case{20, 40, 3, 2, 1, 1, false, false, false, DType::f32},
+                         Case{8, 33, 1, 1, 0, 1, true, false, true, DType::f32}, Case{12, 10, 3, 1, 2, 2, true, true, false, DType::f64},
+                         Case{64, 64, 3, 1, 1, 1, true, true, true, DType::f32}, Case{3, 16, 7, 2, 3, 1, true, true, false, DType::f32}}) {
+        CAPTURE(q.c);
+        CAPTURE(q.oc);
+        CAPTURE(q.k);
+        CAPTURE(q.s);
+        CAPTURE(dtype_name(q.dt));
+        nn::Window win;
+        win.sh = win.sw = q.s;
+        win.ph = win.pw = q.p;
+        win.dh = win.dw = q.d;
+        const Tensor x = randn({2, q.c, 10, 12}).to(q.dt), w = randn({q.oc, q.c, q.k, q.k}).to(q.dt);
+        const Tensor b = q.bias ? randn({q.oc}).to(q.dt) : Tensor{};
+        Tensor ref = ref_conv(x, w, b, win, false);
+        const Tensor z = q.res ? randn(ref.shape()).to(q.dt) : Tensor{};
+        if (q.res) ref = Tensor(ref + z.to(DType::f64));
+        if (q.relu) ref = Tensor(relu(ref));
+        const nn::Act act = q.relu ? nn::Act::relu : nn::Act::none;
+        const Tensor z_cl = q.res ? z.permute({0, 2, 3, 1}).contiguous() : Tensor{};
+        const double tol = q.dt == DType::f64 ? 1e-12 : 1e-5;
+        const Tensor x_cl = x.permute({0, 2, 3, 1}).contiguous();
+        const Tensor y = nn::detail::conv2d_nhwc(x_cl, w, b, win, act, Loc::current(), z_cl);
+        CHECK(max_rel(y.permute({0, 3, 1, 2}), ref) < tol);
+        Tensor wide = zeros({2, 10, 12, q.c + 5}, q.dt);
+        Tensor part = wide.slice(3, 2, 2 + q.c);
+        part.copy_(x_cl);
+        CHECK(max_rel(nn::detail::conv2d_nhwc(part, w, b, win, act, Loc::current(), z_cl).permute({0, 3, 1, 2}), ref) < tol);
+        // an NCHW tensor viewed channels-last (a model's first convolution): channels H * W apart
+        CHECK(max_rel(nn::detail::conv2d_nhwc(x.permute({0, 2, 3, 1}), w, b, win, act, Loc::current(), z_cl).permute({0, 3, 1, 2}), ref) <
+              tol);
+    }
+}
+
 TEST_CASE("nn pooling: max_pool2d (padding never wins) and adaptive_avg_pool2d") {
     manual_seed(19);
     const Tensor x = Tensor(randn({2, 3, 9, 8}) - 5.0);  // all negative: a zero pad would win
@@ -389,6 +430,20 @@ TEST_CASE("nn pooling: max_pool2d (padding never wins) and adaptive_avg_pool2d")
                         }
                     CHECK(m.item<double>(((n * 3 + c) * 5 + i) * 4 + j) == best);
                 }
+    // channels-last input (the CPU's direct pool; an NCHW input above goes through im2col): the
+    // same values, f64 too, and a NaN taken by every window that holds it
+    const Tensor x_cl = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+    CHECK(max_rel(nn::max_pool2d(x_cl, win), m) == 0);
+    CHECK(max_rel(nn::max_pool2d(x_cl.to(DType::f64), win), m) == 0);
+    Tensor xn = x.permute({0, 2, 3, 1}).contiguous();
+    xn.data<float>()[((1 * 9 + 4) * 8 + 4) * 3 + 2] = std::nanf("");  // (n 1, h 4, w 4, c 2)
+    const Tensor mn = nn::max_pool2d(xn.permute({0, 3, 1, 2}), win);
+    for (std::int64_t i = 0; i < 5; ++i)
+        for (std::int64_t j = 0; j < 4; ++j) {
+            const bool holds = std::abs(2 * i - 1 + 1 - 4) <= 1 && std::abs(2 * j - 1 + 1 - 4) <= 1;  // window rows 2i-1..2i+1
+            CHECK(std::isnan(mn.at<float>({1, 2, i, j})) == holds);
+            CHECK(mn.at<float>({1, 1, i, j}) == m.at<float>({1, 1, i, j}));
+        }
     const Tensor a = nn::adaptive_avg_pool2d(x, 1, 1);
     CHECK(max_rel(a, mean(x, {2, 3}, true)) == 0);
     const Tensor a2 = nn::adaptive_avg_pool2d(x.slice(3, 0, 6), 3, 2);

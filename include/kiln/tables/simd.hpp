@@ -129,6 +129,32 @@ inline void transpose16(const float* src, std::ptrdiff_t ls, float* dst, std::pt
 #endif
 }
 
+/// Writes 8 floats from each of 8 rows (rows[i], i < 8) transposed: dst[j * 8 + i] = rows[i][j]
+/// (a GEMM's 8-row strip of packed A). With AVX, 8 loads, 24 shuffles and 8 stores.
+inline void transpose8_rows(const float* const* rows, float* dst) {
+#if XSIMD_WITH_AVX
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i]);
+    for (int i = 0; i < 8; i += 2) {  // interleave pairs of rows
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {  // then pairs of pairs, within each 128-bit lane
+        r[g] = _mm256_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {  // and 128-bit lanes across rows 4 apart
+        _mm256_storeu_ps(dst + 8 * i, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + 8 * (i + 4), _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+#else
+    for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 8; ++j) dst[j * 8 + i] = rows[i][j];
+#endif
+}
+
 // ------------------------------------------------------------------ building blocks
 namespace impl {
 

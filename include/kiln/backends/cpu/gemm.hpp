@@ -86,6 +86,20 @@ void pack_a(View<T> a, std::int64_t mc, std::int64_t kc, T* out) {
     pack_strips<T, Blocking<T>::MR>(a, mc, kc, out);
 }
 
+// A's source: a strided matrix (View), or any type with the same two functions found by argument-
+// dependent lookup (nn/conv_impl.hpp's implicit im2col reads a convolution's input in place):
+// `pack_a_block(a, i0, p0, mc, kc, out)` packs rows [i0, i0 + mc) x columns [p0, p0 + kc) in
+// MR-row strips as pack_a does, and `a_offset(a, elems, rows)` is the source moved by `elems`
+// elements (a batch) and `rows` rows.
+template <class T>
+void pack_a_block(const View<T>& a, std::int64_t i0, std::int64_t p0, std::int64_t mc, std::int64_t kc, T* out) {
+    pack_a(View<T>{&a.at(i0, p0), a.rs, a.cs}, mc, kc, out);
+}
+template <class T>
+View<T> a_offset(const View<T>& a, std::int64_t elems, std::int64_t rows) {
+    return View<T>{a.p + elems + rows * a.rs, a.rs, a.cs};
+}
+
 /// Rows [0, kc) x columns [0, nc) of b, in NR-column strips.
 template <class T>
 void pack_b(View<T> b, std::int64_t kc, std::int64_t nc, T* out) {
@@ -182,8 +196,8 @@ template <class T, class StripB>
 /// the weight from memory, and 8% of a 1024-row one's; the tiles alone run at 97% of the FMA peak).
 /// `done(i0, i1)`, if given, is called once rows [i0, i1) of this C are final (after the last KC
 /// slice of their block of A), while they are still in cache: matmul epilogues run there.
-template <class T, class Done = std::nullptr_t>
-void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, View<T> b, T* c, std::int64_t ldc, const Done& done = nullptr) {
+template <class T, class A, class Done = std::nullptr_t>
+void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, const A& a, View<T> b, T* c, std::int64_t ldc, const Done& done = nullptr) {
     using Bk = Blocking<T>;
     constexpr std::int64_t NR = Bk::NR, KC = Bk::KC, MC = Bk::MC;
     thread_local Scratch<T> a_buf, b_buf;
@@ -194,7 +208,7 @@ void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, View
         const bool accumulate = pc > 0;
         for (std::int64_t ic = 0; ic < m; ic += MC) {
             const std::int64_t mc = std::min(MC, m - ic);
-            pack_a(View<T>{&a.at(ic, pc), a.rs, a.cs}, mc, kc, ap);
+            pack_a_block(a, ic, pc, mc, kc, ap);
             block_product(mc, n, kc, ap, [&](std::int64_t jr) {
                 pack_b(View<T>{&b.at(pc, jr), b.rs, b.cs}, kc, std::min(NR, n - jr), bp);
                 return static_cast<const T*>(bp);
@@ -236,8 +250,8 @@ Split choose_split(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t 
 /// contiguous (m, n) at c + b * m * n, over kiln's threads (batches first, then blocks of C).
 /// `done(row0, row1, col0, col1)`, if given, is called on the thread that computed them for each
 /// part of C that is final (rows counted across batches: row b * m + r), while it is in cache.
-template <class T, class Done = std::nullptr_t>
-void batched(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, View<T> a, std::int64_t a_bs, View<T> b, std::int64_t b_bs,
+template <class T, class A, class Done = std::nullptr_t>
+void batched(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, const A& a, std::int64_t a_bs, View<T> b, std::int64_t b_bs,
              T* c, const Done& done = nullptr) {
     if (batch <= 0 || m <= 0 || n <= 0) return;
     if (k <= 0) {  // an empty sum
@@ -261,14 +275,14 @@ void batched(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
         const std::int64_t r0 = edge(m, sp.rows, ri, Blocking<T>::MR), r1 = edge(m, sp.rows, ri + 1, Blocking<T>::MR);
         const std::int64_t c0 = edge(n, sp.cols, ci, Blocking<T>::NR), c1 = edge(n, sp.cols, ci + 1, Blocking<T>::NR);
         if (r1 <= r0 || c1 <= c0) return;
-        const View<T> ab{a.p + bi * a_bs + r0 * a.rs, a.rs, a.cs};
+        const A ab = a_offset(a, bi * a_bs, r0);
         const View<T> bb{b.p + bi * b_bs + c0 * b.cs, b.rs, b.cs};
         T* const cb = c + bi * m * n + r0 * n + c0;
         if constexpr (std::is_same_v<Done, std::nullptr_t>) {
-            gemm_serial(r1 - r0, c1 - c0, k, ab, bb, cb, n);
+            gemm_serial<T>(r1 - r0, c1 - c0, k, ab, bb, cb, n);
         } else {
             const std::int64_t row = bi * m + r0;
-            gemm_serial(r1 - r0, c1 - c0, k, ab, bb, cb, n, [&](std::int64_t i0, std::int64_t i1) { done(row + i0, row + i1, c0, c1); });
+            gemm_serial<T>(r1 - r0, c1 - c0, k, ab, bb, cb, n, [&](std::int64_t i0, std::int64_t i1) { done(row + i0, row + i1, c0, c1); });
         }
     };
     if (tasks == 1) {
