@@ -407,6 +407,11 @@ TEST_CASE("nn::conv2d on the CPU read in place from channels-last input: channel
         CHECK(max_rel(nn::detail::conv2d_nhwc(x.permute({0, 2, 3, 1}), w, b, win, act, Loc::current(), z_cl).permute({0, 3, 1, 2}), ref) <
               tol);
     }
+    // no output channels, and no pixels: empty results of the right shape
+    const Tensor xe = randn({2, 5, 6, 16});
+    CHECK(nn::detail::conv2d_nhwc(xe, randn({0, 16, 3, 3}), Tensor{}, nn::Window{}, nn::Act::none, Loc::current()).shape() == Shape{2, 3, 4, 0});
+    CHECK(nn::detail::conv2d_nhwc(randn({0, 5, 6, 16}), randn({8, 16, 3, 3}), randn({8}), nn::Window{}, nn::Act::relu, Loc::current()).shape() ==
+          Shape{0, 3, 4, 8});
 }
 
 TEST_CASE("nn pooling: max_pool2d (padding never wins) and adaptive_avg_pool2d") {

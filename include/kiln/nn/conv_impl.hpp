@@ -159,10 +159,10 @@ void max_pool_cpu(const Tensor& x, const Window& win, Tensor& y) {
     });
 }
 
-/// conv2d of channels-last x (N, H, W, C; any strides, channels best contiguous) with the weight as (OC, KH * KW *
-/// C) rows (contiguous) into a new (N, OH, OW, OC) tensor, as one product of kiln's CPU GEMM whose
-/// A is packed from x in place (Im2colSource), with the bias, the residual z and relu applied to
-/// each block of the result while it is in cache. Where that GEMM does not run (not AVX-512), or for
+/// conv2d of channels-last x (N, H, W, C; any strides, channels best contiguous) with the weight
+/// as (OC, KH * KW * C) rows (contiguous) into a new (N, OH, OW, OC) tensor, as one product of
+/// kiln's CPU GEMM whose A is packed from x in place (Im2colSource), with the bias, the residual z
+/// and relu applied to each block of the result while it is in cache. Where that GEMM does not run (not AVX-512), or for
 /// other dtypes, layouts or activations, returns an undefined tensor (the caller takes im2col and
 /// a product).
 inline Tensor conv2d_cpu_implicit(const Tensor& x, const Tensor& wl, const Tensor& b, const Tensor& z, const Window& win, Act act,
@@ -175,8 +175,9 @@ inline Tensor conv2d_cpu_implicit(const Tensor& x, const Tensor& wl, const Tenso
         x.device().is_cuda())
         return Tensor{};
     Tensor y(ys, dt);
-    const std::int64_t M = ys[0] * ys[1] * ys[2], OC = ys[3], K = wl.numel() / OC;
+    const std::int64_t M = ys[0] * ys[1] * ys[2], OC = ys[3];
     if (M == 0 || OC == 0) return y;
+    const std::int64_t K = wl.numel() / OC;
     visit_dtype(dt, [&](auto tag) {
         using T = typename decltype(tag)::type;
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
