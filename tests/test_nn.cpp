@@ -440,12 +440,16 @@ TEST_CASE("nn pooling: max_pool2d (padding never wins) and adaptive_avg_pool2d")
     const Tensor x_cl = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
     CHECK(max_rel(nn::max_pool2d(x_cl, win), m) == 0);
     CHECK(max_rel(nn::max_pool2d(x_cl.to(DType::f64), win), m) == 0);
+    nn::Window dil = win;  // dilated, stride 1: the direct pool's tap offsets
+    dil.sh = dil.sw = 1;
+    dil.dh = dil.dw = 2;
+    CHECK(max_rel(nn::max_pool2d(x_cl, dil), nn::max_pool2d(x, dil)) == 0);
     Tensor xn = x.permute({0, 2, 3, 1}).contiguous();
     xn.data<float>()[((1 * 9 + 4) * 8 + 4) * 3 + 2] = std::nanf("");  // (n 1, h 4, w 4, c 2)
     const Tensor mn = nn::max_pool2d(xn.permute({0, 3, 1, 2}), win);
     for (std::int64_t i = 0; i < 5; ++i)
         for (std::int64_t j = 0; j < 4; ++j) {
-            const bool holds = std::abs(2 * i - 1 + 1 - 4) <= 1 && std::abs(2 * j - 1 + 1 - 4) <= 1;  // window rows 2i-1..2i+1
+            const bool holds = std::abs(2 * i - 4) <= 1 && std::abs(2 * j - 4) <= 1;  // windows centred within 1 of (4, 4)
             CHECK(std::isnan(mn.at<float>({1, 2, i, j})) == holds);
             CHECK(mn.at<float>({1, 1, i, j}) == m.at<float>({1, 1, i, j}));
         }
