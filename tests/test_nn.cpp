@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/nn/conv_cpu.hpp"       // the CPU kernels, called directly
+#include "kiln/nn/conv_winograd.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -369,7 +371,7 @@ TEST_CASE("nn::conv2d: strides, padding, dilation, bias, relu, non-contiguous in
 }
 
 TEST_CASE("nn::conv2d on the CPU read in place from channels-last input: channel runs of 8 and tails, residual, relu, f64") {
-    // the implicit GEMM (nn/conv_impl.hpp's Im2colSource, on AVX-512 builds; im2col and a product
+    // the implicit GEMM (nn/conv_cpu.hpp's Im2colSource, on AVX-512 builds; im2col and a product
     // elsewhere) against float64 loops: channel counts with and without an 8-wide tail, output
     // channels past a 32-wide register tile, strides, padding, dilation, an input whose pixels are
     // further apart than its channels (a slice of wider channels-last memory), an NCHW input
@@ -412,6 +414,90 @@ TEST_CASE("nn::conv2d on the CPU read in place from channels-last input: channel
     CHECK(nn::detail::conv2d_nhwc(xe, randn({0, 16, 3, 3}), Tensor{}, nn::Window{}, nn::Act::none, Loc::current()).shape() == Shape{2, 3, 4, 0});
     CHECK(nn::detail::conv2d_nhwc(randn({0, 5, 6, 16}), randn({8, 16, 3, 3}), randn({8}), nn::Window{}, nn::Act::relu, Loc::current()).shape() ==
           Shape{0, 3, 4, 8});
+}
+
+TEST_CASE("nn::conv2d on the CPU as Winograd F(2x2, 3x3): odd sizes, padding, tails, blocks of tiles, NaN, the cached weight") {
+    // nn/conv_winograd.hpp against float64 loops, beside the direct implicit GEMM of the same case:
+    // outputs of odd height and width (a tile half outside), padding 0, 1 and 2, channel counts off
+    // the 16-wide vectors, enough tiles for several blocks, bias, residual and relu, a channels-last
+    // input whose pixels are further apart than its channels
+    if (!nn::detail::winograd_applies(zeros({1, 4, 4, 16}), 16, [] {
+            nn::Window w;
+            w.kh = w.kw = 3;
+            return w;
+        }()))
+        return;  // not an AVX-512 build: conv2d never takes it (tested where it does)
+    manual_seed(29);
+    struct Case { std::int64_t n, c, oc, h, w, p; bool bias, relu, res; };
+    for (const Case q : {Case{2, 16, 16, 8, 8, 1, true, true, true}, Case{1, 20, 33, 7, 9, 1, false, false, false},
+                         Case{1, 17, 40, 5, 6, 0, true, false, true}, Case{1, 16, 16, 3, 3, 2, true, true, false},
+                         Case{3, 35, 70, 30, 29, 1, true, true, true}, Case{2, 64, 48, 14, 14, 1, false, true, false}}) {
+        CAPTURE(q.c);
+        CAPTURE(q.oc);
+        CAPTURE(q.h);
+        CAPTURE(q.w);
+        CAPTURE(q.p);
+        nn::Window win;
+        win.kh = win.kw = 3;
+        win.ph = win.pw = q.p;
+        const Tensor x = randn({q.n, q.c, q.h, q.w}), w = randn({q.oc, q.c, 3, 3});
+        const Tensor b = q.bias ? randn({q.oc}) : Tensor{};
+        Tensor ref = ref_conv(x, w, b, win, false);
+        const Tensor z = q.res ? randn(ref.shape()) : Tensor{};
+        if (q.res) ref = Tensor(ref + z.to(DType::f64));
+        if (q.relu) ref = Tensor(relu(ref));
+        const Tensor x_cl = x.permute({0, 2, 3, 1}).contiguous(), w_cl = w.permute({0, 2, 3, 1}).contiguous();
+        const Tensor z_cl = q.res ? z.permute({0, 2, 3, 1}).contiguous() : Tensor{};
+        const Tensor u = nn::detail::winograd_weights(w_cl);
+        REQUIRE(nn::detail::winograd_applies(x_cl, q.oc, win));
+        const Tensor yw = nn::detail::conv2d_cpu_winograd(x_cl, u, q.oc, b, z_cl, win, q.relu);
+        const Tensor yd = nn::detail::conv2d_cpu_implicit(x_cl, w_cl, b, z_cl, win, q.relu ? nn::Act::relu : nn::Act::none, yw.shape());
+        CHECK(max_rel(yw.permute({0, 3, 1, 2}), ref) < 1e-5);
+        CHECK(max_rel(yd.permute({0, 3, 1, 2}), ref) < 1e-5);
+        Tensor wide = zeros({q.n, q.h, q.w, q.c + 5});
+        Tensor part = wide.slice(3, 3, 3 + q.c);
+        part.copy_(x_cl);
+        CHECK(max_rel(nn::detail::conv2d_cpu_winograd(part, u, q.oc, b, z_cl, win, q.relu).permute({0, 3, 1, 2}), ref) < 1e-5);
+        // the library op (what conv2d_nhwc and compiled programs run) takes it here
+        const Tensor y = nn::detail::conv2d_nhwc(x_cl, w, b, win, q.relu ? nn::Act::relu : nn::Act::none, Loc::current(), z_cl);
+        if (nn::detail::winograd_on()) CHECK(max_rel(y, yw) == 0);
+        CHECK(max_rel(y.permute({0, 3, 1, 2}), ref) < 1e-5);
+    }
+    // a NaN reaches the outputs whose windows hold it, and only those: the transforms add and
+    // subtract, they never multiply an input by zero
+    nn::Window win;
+    win.kh = win.kw = 3;
+    win.ph = win.pw = 1;
+    Tensor xn = randn({1, 9, 10, 16});
+    xn.data<float>()[(4 * 10 + 5) * 16 + 3] = std::nanf("");  // (h 4, w 5, c 3)
+    const Tensor wn = randn({16, 3, 3, 16});
+    const Tensor yn = nn::detail::conv2d_cpu_winograd(xn, nn::detail::winograd_weights(wn), 16, Tensor{}, Tensor{}, win, true);
+    const Tensor yd = nn::detail::conv2d_cpu_implicit(xn, wn, Tensor{}, Tensor{}, win, nn::Act::relu, yn.shape());
+    std::int64_t nans = 0;
+    for (std::int64_t i = 0; i < yn.numel(); ++i) {
+        const bool in_window = std::isnan(yd.data<float>()[i]);
+        CHECK(std::isnan(yn.data<float>()[i]) == in_window);
+        nans += in_window;
+    }
+    CHECK(nans == 9 * 16);
+    // the op's transformed weight is kept while the weight is the same and unwritten: a write
+    // through kiln (copy_) bumps its version and the next call transforms it again
+    nn::detail::WinogradCache cache;
+    Tensor wc = randn({16, 3, 3, 16});
+    const Tensor u1 = cache.get(wc, wc);
+    CHECK(cache.get(wc, wc).is_same(u1));
+    wc.copy_(randn({16, 3, 3, 16}));
+    const Tensor u2 = cache.get(wc, wc);
+    CHECK(!u2.is_same(u1));
+    CHECK(max_rel(u2, nn::detail::winograd_weights(wc)) == 0);
+    CHECK(!cache.get(wc.clone(), wc).is_same(u2));  // other memory
+    // and so in a compiled program whose captured weight the caller writes between calls
+    Tensor wp = randn({24, 16, 3, 3});
+    auto step = kiln::compile([&wp, win](const Tensor& x) { return nn::detail::conv2d_nhwc(x, wp, Tensor{}, win, nn::Act::none, Loc::current()); });
+    const Tensor xc = randn({2, 6, 7, 16});
+    CHECK(max_rel(step(xc).permute({0, 3, 1, 2}), ref_conv(xc.permute({0, 3, 1, 2}), wp, Tensor{}, win, false)) < 1e-5);
+    wp.copy_(randn({24, 16, 3, 3}));
+    CHECK(max_rel(step(xc).permute({0, 3, 1, 2}), ref_conv(xc.permute({0, 3, 1, 2}), wp, Tensor{}, win, false)) < 1e-5);
 }
 
 TEST_CASE("nn pooling: max_pool2d (padding never wins) and adaptive_avg_pool2d") {

@@ -1,10 +1,12 @@
 // Convolutions and pooling for NCHW tensors, and ResNet-18.
 //
 // On CUDA, conv2d runs on cuDNN where it is present (backends/cuda/cudnn.hpp: bias, relu and a
-// residual add in the same call). Otherwise, and on the CPU, conv2d is im2col + one GEMM: the (N*OH*OW, C*KH*KW) patch matrix (padding, stride and dilation
-// handled while it is gathered: a loop over threads on the CPU, one generated kernel on CUDA) times
-// the (OC, C*KH*KW) weight, through nn::linear, so bias and relu ride in the GEMM's epilogue on
-// CUDA. The result is (N*OH*OW, OC), i.e. channels-last memory, returned as an NCHW view; later
+// residual add in the same call). On AVX-512 CPUs, inference convolutions run in nn/conv_cpu.hpp
+// (an implicit GEMM reading the input in place) or, 3x3 stride 1 in f32, nn/conv_winograd.hpp.
+// Otherwise conv2d is im2col + one GEMM: the (N*OH*OW, C*KH*KW) patch matrix (padding, stride and
+// dilation handled while it is gathered: a loop over threads on the CPU, one generated kernel on
+// CUDA) times the (OC, C*KH*KW) weight, through nn::linear, so bias and relu ride in the GEMM's
+// epilogue on CUDA. The result is (N*OH*OW, OC), i.e. channels-last memory, returned as an NCHW view; later
 // ops read it through its strides, the next im2col included. Inside kiln::compile a conv or pool
 // is one Kind::call node (a library op like matmul): the elementwise work around it still fuses.
 #pragma once
@@ -16,19 +18,9 @@
 
 #include "kiln/backends/cuda/blas.hpp"  // cuda::set_allow_tf32: TF32 convolutions and GEMMs
 #include "kiln/nn/layers.hpp"
+#include "kiln/nn/window.hpp"
 
 namespace kiln::nn {
-
-/// The window of a convolution or pooling over (H, W).
-struct Window {
-    std::int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
-    std::int64_t out_h(std::int64_t h) const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
-    std::int64_t out_w(std::int64_t w) const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
-    std::string str() const {
-        return "k=" + std::to_string(kh) + "x" + std::to_string(kw) + ", stride=" + std::to_string(sh) + "x" + std::to_string(sw) +
-               ", padding=" + std::to_string(ph) + "x" + std::to_string(pw) + ", dilation=" + std::to_string(dh) + "x" + std::to_string(dw);
-    }
-};
 
 namespace detail {
 

@@ -106,6 +106,42 @@ void pack_b(View<T> b, std::int64_t kc, std::int64_t nc, T* out) {
     pack_strips<T, Blocking<T>::NR>(View<T>{b.p, b.cs, b.rs}, nc, kc, out);
 }
 
+/// B packed whole ahead of time (a weight used by many products): for each KC-deep slice, its
+/// NR-column strips as pack_b writes them (the last padded with zeros), one slice after another; the
+/// strip at (pc, jr) starts at p + pc * npad + jr * kc, npad being n rounded up to NR.
+template <class T>
+struct PackedB {
+    const T* p;
+    std::int64_t npad;
+};
+/// Elements pack_b_whole writes for a k x n B.
+template <class T>
+std::int64_t packed_b_size(std::int64_t k, std::int64_t n) {
+    return k * ((n + Blocking<T>::NR - 1) / Blocking<T>::NR * Blocking<T>::NR);
+}
+template <class T>
+void pack_b_whole(View<T> b, std::int64_t k, std::int64_t n, T* out) {
+    const std::int64_t npad = packed_b_size<T>(1, n);
+    for (std::int64_t pc = 0; pc < k; pc += Blocking<T>::KC) {
+        const std::int64_t kc = std::min(Blocking<T>::KC, k - pc);
+        for (std::int64_t jr = 0; jr < n; jr += Blocking<T>::NR)
+            pack_b(View<T>{&b.at(pc, jr), b.rs, b.cs}, kc, std::min(Blocking<T>::NR, n - jr), out + pc * npad + jr * kc);
+    }
+}
+
+// B's source: a strided matrix (View), packed strip by strip into `buf` as the tiles need it, or a
+// PackedB, read in place. `b_strip(b, pc, kc, jr, nr, buf)` is the KC-deep slice pc's strip at
+// column jr (nr columns of it real).
+template <class T>
+const T* b_strip(const View<T>& b, std::int64_t pc, std::int64_t kc, std::int64_t jr, std::int64_t nr, T* buf) {
+    pack_b(View<T>{&b.at(pc, jr), b.rs, b.cs}, kc, nr, buf);
+    return buf;
+}
+template <class T>
+const T* b_strip(const PackedB<T>& b, std::int64_t pc, std::int64_t kc, std::int64_t jr, std::int64_t /*nr*/, T* /*buf*/) {
+    return b.p + pc * b.npad + jr * kc;
+}
+
 /// The register tile: c[0:MR, 0:NR] (row stride ldc) = (or +=, with accumulate) a_strip @ b_strip
 /// over kc terms.
 template <class T>
@@ -196,8 +232,8 @@ template <class T, class StripB>
 /// the weight from memory, and 8% of a 1024-row one's; the tiles alone run at 97% of the FMA peak).
 /// `done(i0, i1)`, if given, is called once rows [i0, i1) of this C are final (after the last KC
 /// slice of their block of A), while they are still in cache: matmul epilogues run there.
-template <class T, class A, class Done = std::nullptr_t>
-void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, const A& a, View<T> b, T* c, std::int64_t ldc, const Done& done = nullptr) {
+template <class T, class A, class B = View<T>, class Done = std::nullptr_t>
+void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, const A& a, const B& b, T* c, std::int64_t ldc, const Done& done = nullptr) {
     using Bk = Blocking<T>;
     constexpr std::int64_t NR = Bk::NR, KC = Bk::KC, MC = Bk::MC;
     thread_local Scratch<T> a_buf, b_buf;
@@ -209,10 +245,8 @@ void gemm_serial(std::int64_t m, std::int64_t n, std::int64_t k, const A& a, Vie
         for (std::int64_t ic = 0; ic < m; ic += MC) {
             const std::int64_t mc = std::min(MC, m - ic);
             pack_a_block(a, ic, pc, mc, kc, ap);
-            block_product(mc, n, kc, ap, [&](std::int64_t jr) {
-                pack_b(View<T>{&b.at(pc, jr), b.rs, b.cs}, kc, std::min(NR, n - jr), bp);
-                return static_cast<const T*>(bp);
-            }, c + ic * ldc, ldc, accumulate);
+            block_product(mc, n, kc, ap, [&](std::int64_t jr) { return b_strip(b, pc, kc, jr, std::min(NR, n - jr), bp); }, c + ic * ldc,
+                          ldc, accumulate);
             if constexpr (!std::is_same_v<Done, std::nullptr_t>)
                 if (pc + kc >= k) done(ic, ic + mc);
         }
