@@ -22,6 +22,7 @@
 
 #include "kiln/backends/cpu/gemm.hpp"
 #include "kiln/core/thread_pool.hpp"
+#include "kiln/core/factories.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/nn/window.hpp"
 
@@ -112,42 +113,65 @@ inline void pack_a_block(const WinogradSource& a, std::int64_t i0, std::int64_t 
 }
 
 /// The weight (OC, 3, 3, C) (contiguous rows) transformed, U_e = (G g G^T)_e, and packed as the 16
-/// products' B (C x OC each, gemm::pack_b_whole's layout), one after another.
+/// products' B (C x OC each, in gemm::pack_b_whole's layout), one after another: the weight is
+/// transposed to (3, 3, C, OC) rows in 16 x 16 blocks, then each channel's 16 transforms are computed
+/// 16 output channels at a time and stored where the packed strips hold them.
 inline Tensor winograd_weights(const Tensor& wl) {
-    const std::int64_t OC = wl.size(0), C = wl.numel() / (9 * OC);
-    const std::int64_t each = kiln::detail::gemm::packed_b_size<float>(C, OC);
-    Tensor packed({16 * each}, DType::f32);
-    Tensor u({16, OC, C}, DType::f32);  // U_e transposed: (OC, C) rows, written and read along C
+    namespace gm = kiln::detail::gemm;
+    using V = kiln::detail::simd::Batch<float>;
+    constexpr std::int64_t L = static_cast<std::int64_t>(V::size), NR = gm::Blocking<float>::NR, KC = gm::Blocking<float>::KC;
+    static_assert(NR % L == 0);
+    const std::int64_t OC = wl.size(0), C = wl.numel() / (9 * OC), K = 9 * C;
+    const std::int64_t each = gm::packed_b_size<float>(C, OC), npad = each / std::max<std::int64_t>(C, 1);
+    Tensor packed = OC % NR ? zeros({16 * each}, DType::f32) : Tensor({16 * each}, DType::f32);  // padded strips hold zeros
+    Tensor gt({K, OC}, DType::f32);
     const float* const g = static_cast<const float*>(wl.data_ptr());
-    float* const up = static_cast<float*>(u.data_ptr());
-    kiln::detail::parallel_for(OC, 8, [&](std::int64_t o0, std::int64_t o1) {
-        for (std::int64_t o = o0; o < o1; ++o) {
-            const float* k[3][3];
-            float* ue[16];
-            for (int a = 0; a < 3; ++a)
-                for (int b = 0; b < 3; ++b) k[a][b] = g + ((o * 3 + a) * 3 + b) * C;
-            for (int e = 0; e < 16; ++e) ue[e] = up + (e * OC + o) * C;
-            for (std::int64_t c = 0; c < C; ++c) {
-                float t[4][3];  // G g
-                for (int b = 0; b < 3; ++b) {
-                    t[0][b] = k[0][b][c];
-                    t[1][b] = 0.5f * (k[0][b][c] + k[1][b][c] + k[2][b][c]);
-                    t[2][b] = 0.5f * (k[0][b][c] - k[1][b][c] + k[2][b][c]);
-                    t[3][b] = k[2][b][c];
-                }
-                for (int i = 0; i < 4; ++i) {  // (G g) G^T
-                    ue[4 * i][c] = t[i][0];
-                    ue[4 * i + 1][c] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-                    ue[4 * i + 2][c] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-                    ue[4 * i + 3][c] = t[i][2];
-                }
-            }
+    float* const gtp = static_cast<float*>(gt.data_ptr());
+    kiln::detail::parallel_for((K + 15) / 16, 4, [&](std::int64_t k0, std::int64_t k1) {
+        for (std::int64_t kb = k0 * 16; kb < std::min(K, k1 * 16); kb += 16) {
+            std::int64_t o = 0;
+            if (kb + 16 <= K)
+                for (; o + 16 <= OC; o += 16) kiln::detail::simd::transpose16(g + o * K + kb, K, gtp + kb * OC + o, OC);
+            for (std::int64_t k = kb; k < std::min(K, kb + 16); ++k)
+                for (std::int64_t q = o; q < OC; ++q) gtp[k * OC + q] = g[q * K + k];
         }
     });
     float* const pp = static_cast<float*>(packed.data_ptr());
-    kiln::detail::parallel_for(16, 1, [&](std::int64_t e0, std::int64_t e1) {
-        for (std::int64_t e = e0; e < e1; ++e)  // B's element (c, o) at up[(e * OC + o) * C + c]
-            kiln::detail::gemm::pack_b_whole<float>({up + e * OC * C, 1, C}, C, OC, pp + e * each);
+    kiln::detail::parallel_for(C, 4, [&](std::int64_t c0, std::int64_t c1) {
+        for (std::int64_t c = c0; c < c1; ++c) {
+            const std::int64_t pc = c / KC * KC, kc = std::min(KC, C - pc);
+            const float* k[3][3];
+            for (int a = 0; a < 3; ++a)
+                for (int b = 0; b < 3; ++b) k[a][b] = gtp + ((a * 3 + b) * C + c) * OC;
+            // where U_e's element (c, o) goes: strip o / NR of slice pc, row c - pc, lane o % NR
+            auto at = [&](int e, std::int64_t o) { return pp + e * each + pc * npad + o / NR * NR * kc + (c - pc) * NR + o % NR; };
+            auto transform = [&](auto vtag, std::int64_t o) {
+                using T = decltype(vtag);
+                auto ld = [&](int a, int b) {
+                    if constexpr (std::is_same_v<T, V>) return V::load_unaligned(k[a][b] + o);
+                    else return k[a][b][o];
+                };
+                const T half(0.5f);
+                T t[4][3];  // G g
+                for (int b = 0; b < 3; ++b) {
+                    const T k0 = ld(0, b), k1 = ld(1, b), k2 = ld(2, b);
+                    t[0][b] = k0;
+                    t[1][b] = half * (k0 + k1 + k2);
+                    t[2][b] = half * (k0 - k1 + k2);
+                    t[3][b] = k2;
+                }
+                for (int i = 0; i < 4; ++i) {  // (G g) G^T
+                    const T e[4] = {t[i][0], half * (t[i][0] + t[i][1] + t[i][2]), half * (t[i][0] - t[i][1] + t[i][2]), t[i][2]};
+                    for (int j = 0; j < 4; ++j) {
+                        if constexpr (std::is_same_v<T, V>) e[j].store_unaligned(at(4 * i + j, o));
+                        else *at(4 * i + j, o) = e[j];
+                    }
+                }
+            };
+            std::int64_t o = 0;
+            for (; o + L <= OC; o += L) transform(V(0.f), o);
+            for (; o < OC; ++o) transform(0.f, o);
+        }
     });
     return packed;
 }
