@@ -374,12 +374,14 @@ TEST_CASE("nn::conv2d on the CPU read in place from channels-last input: channel
     // the implicit GEMM (nn/conv_cpu.hpp's Im2colSource, on AVX-512 builds; im2col and a product
     // elsewhere) against float64 loops: channel counts with and without an 8-wide tail, output
     // channels past a 32-wide register tile, strides, padding, dilation, an input whose pixels are
-    // further apart than its channels (a slice of wider channels-last memory), an NCHW input
+    // further apart than its channels (a slice of wider channels-last memory), an NCHW input; few
+    // channels (a first convolution's): a kernel row's taps packed as one run, in and out of the image
     manual_seed(28);
     struct Case { std::int64_t c, oc, k, s, p, d; bool bias, relu, res; DType dt; };
     for (const Case q : {Case{16, 24, 3, 1, 1, 1, true, true, true, DType::f32}, Case{20, 40, 3, 2, 1, 1, false, false, false, DType::f32},
                          Case{8, 33, 1, 1, 0, 1, true, false, true, DType::f32}, Case{12, 10, 3, 1, 2, 2, true, true, false, DType::f64},
-                         Case{64, 64, 3, 1, 1, 1, true, true, true, DType::f32}, Case{3, 16, 7, 2, 3, 1, true, true, false, DType::f32}}) {
+                         Case{64, 64, 3, 1, 1, 1, true, true, true, DType::f32}, Case{3, 16, 7, 2, 3, 1, true, true, false, DType::f32},
+                         Case{4, 9, 5, 1, 2, 1, true, false, true, DType::f32}, Case{2, 8, 7, 1, 3, 1, false, true, false, DType::f64}}) {
         CAPTURE(q.c);
         CAPTURE(q.oc);
         CAPTURE(q.k);

@@ -42,8 +42,12 @@ Im2colSource<T> a_offset(const Im2colSource<T>& a, std::int64_t /*elems: one mat
 template <class T>
 void pack_a_block(const Im2colSource<T>& a, std::int64_t i0, std::int64_t p0, std::int64_t mc, std::int64_t kc, T* out) {
     constexpr std::int64_t MR = kiln::detail::gemm::Blocking<T>::MR;
+    // channels and pixels along W contiguous (C = 3: a model's first convolution, made channels-last):
+    // a row's taps along one kernel row are one run of memory while they stay inside the image (or
+    // outside it, a zero run)
+    const bool rows_run = a.sC == 1 && a.sW == a.C && a.win.dw == 1;
     thread_local std::vector<T> zero;
-    if (static_cast<std::int64_t>(zero.size()) < a.C) zero.assign(static_cast<std::size_t>(a.C), T(0));
+    if (static_cast<std::int64_t>(zero.size()) < a.C * a.win.kw) zero.assign(static_cast<std::size_t>(a.C * a.win.kw), T(0));
     const std::int64_t kend = p0 + kc, pixels = a.OH * a.OW;
     for (std::int64_t s = 0; s < mc; s += MR, out += kc * MR) {
         const T* img[MR];
@@ -58,11 +62,15 @@ void pack_a_block(const Im2colSource<T>& a, std::int64_t i0, std::int64_t p0, st
         }
         for (std::int64_t k = p0; k < kend;) {
             const std::int64_t tap = k / a.C, c = k - tap * a.C, i = tap / a.win.kw, j = tap - i * a.win.kw;
-            const std::int64_t len = std::min(a.C - c, kend - k);
+            std::int64_t len = std::min(rows_run ? (a.win.kw - j) * a.C - c : a.C - c, kend - k);
             const T* src[MR];
             for (std::int64_t q = 0; q < MR; ++q) {
                 const std::int64_t h = img[q] ? h0[q] + i * a.win.dh : -1, w = img[q] ? w0[q] + j * a.win.dw : -1;
-                src[q] = h >= 0 && h < a.H && w >= 0 && w < a.W ? img[q] + h * a.sH + w * a.sW + c * a.sC : zero.data();
+                const bool inside = h >= 0 && h < a.H && w >= 0 && w < a.W;
+                src[q] = inside ? img[q] + h * a.sH + w * a.sW + c * a.sC : zero.data();
+                // the taps ahead that stay inside (or, left of the image, outside)
+                if (rows_run && inside) len = std::min(len, (a.W - w) * a.C - c);
+                else if (rows_run && h >= 0 && h < a.H && w < 0) len = std::min(len, -w * a.C - c);
             }
             T* o = out + (k - p0) * MR;
             std::int64_t t = 0;
@@ -120,15 +128,18 @@ void max_pool_cpu(const Tensor& x, const Window& win, Tensor& y) {
 /// and relu applied to each block of the result while it is in cache. Where that GEMM does not run (not AVX-512), or for
 /// other dtypes, layouts or activations, returns an undefined tensor (the caller takes im2col and
 /// a product).
-inline Tensor conv2d_cpu_implicit(const Tensor& x, const Tensor& wl, const Tensor& b, const Tensor& z, const Window& win, Act act,
+inline Tensor conv2d_cpu_implicit(const Tensor& x_in, const Tensor& wl, const Tensor& b, const Tensor& z, const Window& win, Act act,
                                   const Shape& ys) {
-    const DType dt = x.dtype();
-    if (!kiln::detail::gemm::enabled || (dt != DType::f32 && dt != DType::f64) || x.rank() != 4 || x.stride(3) < 0 ||
-        x.stride(0) < 0 || x.stride(1) < 0 || x.stride(2) < 0 ||
+    const DType dt = x_in.dtype();
+    if (!kiln::detail::gemm::enabled || (dt != DType::f32 && dt != DType::f64) || x_in.rank() != 4 || x_in.stride(3) < 0 ||
+        x_in.stride(0) < 0 || x_in.stride(1) < 0 || x_in.stride(2) < 0 ||
         wl.dtype() != dt || !wl.is_contiguous() || (b.defined() && (b.dtype() != dt || !b.is_contiguous())) ||
         (z.defined() && (z.dtype() != dt || !z.is_contiguous() || z.shape() != ys)) || (act != Act::none && act != Act::relu) ||
-        x.device().is_cuda())
+        x_in.device().is_cuda())
         return Tensor{};
+    // channels not contiguous (an NCHW input viewed channels-last, a model's first convolution): a
+    // channels-last copy, read in runs, costs less than packing it an element at a time
+    const Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
     Tensor y(ys, dt);
     const std::int64_t M = ys[0] * ys[1] * ys[2], OC = ys[3];
     if (M == 0 || OC == 0) return y;
