@@ -405,6 +405,19 @@ void bench_copy(Bench& b) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// gemm_f32 on the CPU: one 2048 x 2048 x 2048 f32 product (kiln's GEMM on AVX-512, Eigen's
+// elsewhere), the GEMM rate the model rows are read against
+
+void bench_gemm_cpu(Bench& b) {
+    if (!b.wanted("gemm_f32")) return;
+    const std::int64_t n = 2048;
+    const Tensor a = kiln::randn({n, n}), c = kiln::randn({n, n});
+    b.set_meta("gemm_f32", 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n), "f32");
+    Tensor y;
+    for (int t : b.thread_counts()) b.row("gemm_f32", "matmul", t, 0, [&] { y = kiln::matmul(a, c); }, 3);
+}
+
+// ---------------------------------------------------------------------------------------------
 // chain: y = relu(x*1.5+0.5)*sigmoid(x) - tanh(x*0.1) + exp(-x*x)
 
 template <class X> auto chain_expr(const X& x) {
@@ -1457,6 +1470,7 @@ int main(int argc, char** argv) {
         b.header();
         if (opt.cpu) {
             bench_copy(b);  // always: the other rows are reported against it
+            bench_gemm_cpu(b);
             bench_chain(b, "chain16M", 16 << 20);
             bench_chain(b, "chain1M", 1 << 20);
             bench_bias_gelu(b);
