@@ -70,7 +70,6 @@ inline WinogradSource a_offset(const WinogradSource& a, std::int64_t /*elems: on
 inline void pack_a_block(const WinogradSource& a, std::int64_t i0, std::int64_t p0, std::int64_t mc, std::int64_t kc, float* out) {
     using V = kiln::detail::simd::Batch<float>;
     constexpr std::int64_t MR = kiln::detail::gemm::Blocking<float>::MR, L = static_cast<std::int64_t>(V::size);
-    static_assert(MR == 8);
     thread_local std::vector<float> zero, comb;
     if (static_cast<std::int64_t>(zero.size()) < a.C) zero.assign(static_cast<std::size_t>(a.C), 0.f);
     const std::int64_t kpad = (kc + 7) / 8 * 8;
@@ -102,11 +101,12 @@ inline void pack_a_block(const WinogradSource& a, std::int64_t i0, std::int64_t 
             for (; t < kc; ++t) o[t] = (src[0][0][t] + sj * src[0][1][t]) + si * (src[1][0][t] + sj * src[1][1][t]);
         }
         std::int64_t t = 0;
-        for (; t + 8 <= kc; t += 8) {
-            const float* rows[8];
-            for (std::int64_t q = 0; q < 8; ++q) rows[q] = comb.data() + q * kpad + t;
-            kiln::detail::simd::transpose8_rows(rows, out + t * MR);
-        }
+        if constexpr (MR == 8)  // (Winograd runs where gemm::enabled: AVX-512, MR 8)
+            for (; t + 8 <= kc; t += 8) {
+                const float* rows[8];
+                for (std::int64_t q = 0; q < 8; ++q) rows[q] = comb.data() + q * kpad + t;
+                kiln::detail::simd::transpose8_rows(rows, out + t * MR);
+            }
         for (; t < kc; ++t)
             for (std::int64_t q = 0; q < MR; ++q) out[t * MR + q] = comb[static_cast<std::size_t>(q * kpad + t)];
     }
