@@ -1,6 +1,7 @@
 // conv2d on the CPU by Winograd's minimal filtering, F(2x2, 3x3) (Lavin and Gray, 2015), for 3x3
 // stride-1 f32 convolutions of inference: each 2x2 block of outputs is 16 products per channel
-// pair instead of 36, so the convolution's multiply-adds drop 2.25x. Included by nn/conv_impl.hpp (and by tests).
+// pair instead of 36, so the convolution's multiply-adds drop 2.25x. Included by nn/conv_impl.hpp
+// (and by tests).
 //
 // Per 4x4 input tile d and 3x3 filter g: U = G g G^T, V = B^T d B, the output Y = A^T (U * V) A.
 // The sum over input channels of U * V is, for each of the 16 positions e of the 4x4 grid, one
@@ -30,7 +31,7 @@ namespace kiln::nn::detail {
 
 /// Whether CPU inference convolutions may take Winograd's F(2x2, 3x3): yes, unless
 /// KILN_CPU_WINOGRAD=0 (its results differ from the direct product's by a few units in the last
-/// place; set it for bit-for-bit agreement with the im2col product).
+/// place; set it for the direct product's results).
 inline bool winograd_on() {
     static const bool on = [] {
         const char* v = std::getenv("KILN_CPU_WINOGRAD");
@@ -40,8 +41,8 @@ inline bool winograd_on() {
 }
 
 /// Whether conv2d of channels-last x with this window can run as F(2x2, 3x3) on this CPU: f32, 3x3,
-/// stride 1, no dilation, channels contiguous, and channel counts worth the transforms (below 16
-/// input or output channels the direct product's fewer passes win).
+/// stride 1, no dilation, channels contiguous, and at least 16 input and output channels (fewer
+/// leave the transforms a large share of the work; the threshold is a guess, not measured).
 inline bool winograd_applies(const Tensor& x, std::int64_t OC, const Window& win) {
     return kiln::detail::gemm::enabled && x.dtype() == DType::f32 && win.kh == 3 && win.kw == 3 && win.sh == 1 && win.sw == 1 &&
            win.dh == 1 && win.dw == 1 && x.rank() == 4 && x.stride(3) == 1 && x.size(3) >= 16 && OC >= 16;
