@@ -122,6 +122,19 @@ void max_pool_cpu(const Tensor& x, const Window& win, Tensor& y) {
     });
 }
 
+/// Whether the CPU's inference convolutions (this implicit GEMM, nn/conv_winograd.hpp) take these
+/// operands: kiln's GEMM runs (AVX-512), f32 or f64 throughout, x a 4-D CPU tensor of non-negative
+/// strides, the weight rows, bias and residual (of the output's shape ys) contiguous, no activation
+/// or relu.
+inline bool cpu_conv_operands_ok(const Tensor& x, const Tensor& wl, const Tensor& b, const Tensor& z, Act act, const Shape& ys) {
+    const DType dt = x.dtype();
+    return kiln::detail::gemm::enabled && (dt == DType::f32 || dt == DType::f64) && x.rank() == 4 && x.stride(3) >= 0 &&
+           x.stride(0) >= 0 && x.stride(1) >= 0 && x.stride(2) >= 0 && wl.dtype() == dt && wl.is_contiguous() &&
+           (!b.defined() || (b.dtype() == dt && b.is_contiguous())) &&
+           (!z.defined() || (z.dtype() == dt && z.is_contiguous() && z.shape() == ys)) && (act == Act::none || act == Act::relu) &&
+           !x.device().is_cuda();
+}
+
 /// conv2d of channels-last x (N, H, W, C; any strides, channels best contiguous) with the weight
 /// as (OC, KH * KW * C) rows (contiguous) into a new (N, OH, OW, OC) tensor, as one product of
 /// kiln's CPU GEMM whose A is packed from x in place (Im2colSource), with the bias, the residual z
@@ -130,13 +143,8 @@ void max_pool_cpu(const Tensor& x, const Window& win, Tensor& y) {
 /// a product).
 inline Tensor conv2d_cpu_implicit(const Tensor& x_in, const Tensor& wl, const Tensor& b, const Tensor& z, const Window& win, Act act,
                                   const Shape& ys) {
+    if (!cpu_conv_operands_ok(x_in, wl, b, z, act, ys)) return Tensor{};
     const DType dt = x_in.dtype();
-    if (!kiln::detail::gemm::enabled || (dt != DType::f32 && dt != DType::f64) || x_in.rank() != 4 || x_in.stride(3) < 0 ||
-        x_in.stride(0) < 0 || x_in.stride(1) < 0 || x_in.stride(2) < 0 ||
-        wl.dtype() != dt || !wl.is_contiguous() || (b.defined() && (b.dtype() != dt || !b.is_contiguous())) ||
-        (z.defined() && (z.dtype() != dt || !z.is_contiguous() || z.shape() != ys)) || (act != Act::none && act != Act::relu) ||
-        x_in.device().is_cuda())
-        return Tensor{};
     // channels not contiguous (an NCHW input viewed channels-last, a model's first convolution): a
     // channels-last copy, read in runs, costs less than packing it an element at a time
     const Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();

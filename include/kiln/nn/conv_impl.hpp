@@ -408,8 +408,7 @@ inline std::shared_ptr<ir::CallOp> conv2d_op(Window win, Act act, bool has_bias,
         const Tensor wl = w.permute({0, 2, 3, 1}).contiguous();
         if (xx.device().is_cuda()) {
             if (Tensor y = conv2d_cudnn(xx, wl, b, z, win, act, ys, loc); y.defined()) return y;
-        } else if (winograd_on() && winograd_applies(in[0], ys[3], win) && wl.dtype() == DType::f32 && (act == Act::none || act == Act::relu) &&
-                   (!b.defined() || b.is_contiguous()) && (!z.defined() || (z.is_contiguous() && z.shape() == ys && z.dtype() == DType::f32))) {
+        } else if (winograd_on() && cpu_conv_operands_ok(in[0], wl, b, z, act, ys) && winograd_applies(in[0], ys[3], win)) {
             return conv2d_cpu_winograd(in[0], wino->get(w, wl), ys[3], b, z, win, act == Act::relu);
         } else if (Tensor y = conv2d_cpu_implicit(in[0], wl, b, z, win, act, ys); y.defined()) {
             return y;

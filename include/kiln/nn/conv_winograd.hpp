@@ -123,7 +123,7 @@ inline Tensor winograd_weights(const Tensor& wl) {
     constexpr std::int64_t L = static_cast<std::int64_t>(V::size), NR = gm::Blocking<float>::NR, KC = gm::Blocking<float>::KC;
     static_assert(NR % L == 0);
     const std::int64_t OC = wl.size(0), C = wl.numel() / (9 * OC), K = 9 * C;
-    const std::int64_t each = gm::packed_b_size<float>(C, OC), npad = each / std::max<std::int64_t>(C, 1);
+    const std::int64_t each = gm::packed_b_size<float>(C, OC), npad = gm::packed_b_size<float>(1, OC);
     Tensor packed = OC % NR ? zeros({16 * each}, DType::f32) : Tensor({16 * each}, DType::f32);  // padded strips hold zeros
     Tensor gt({K, OC}, DType::f32);
     const float* const g = static_cast<const float*>(wl.data_ptr());
@@ -233,7 +233,8 @@ inline Tensor conv2d_cpu_winograd(const Tensor& x, const Tensor& u, std::int64_t
     src.TW = (OW + 1) / 2;
     src.ph = win.ph;
     src.pw = win.pw;
-    const std::int64_t tiles = N * src.TH * src.TW, each = gm::packed_b_size<float>(C, OC), npad = each / C;
+    const std::int64_t tiles = N * src.TH * src.TW, each = gm::packed_b_size<float>(C, OC),
+                       npad = gm::packed_b_size<float>(1, OC);
     // blocks of about 128 tiles (the 16 products' results, 16 x 128 x OC floats, stay in L2/L3 for
     // the output transform), as many as a multiple of the threads so none waits at the end
     const std::int64_t threads = kiln::num_threads();
@@ -262,39 +263,29 @@ inline Tensor conv2d_cpu_winograd(const Tensor& x, const Tensor& u, std::int64_t
             for (std::int64_t t = 0; t < nt; ++t) {
                 const std::int64_t r = t0 + t, n = r / per_image, oy = 2 * ((r % per_image) / src.TW), ox = 2 * (r % src.TW);
                 const float* const mt = m + t * OC;
-                auto tile = [&](auto vtag, std::int64_t o) {
+                auto tile = [&](auto vtag, std::int64_t o) {  // outputs o.. (a vector of them, or one)
                     using T = decltype(vtag);
-                    auto ld = [&](int e) {
-                        if constexpr (std::is_same_v<T, V>) return V::load_unaligned(mt + e * per * OC + o);
-                        else return mt[e * per * OC + o];
+                    auto ld = [](const float* p) {
+                        if constexpr (std::is_same_v<T, V>) return V::load_unaligned(p);
+                        else return *p;
                     };
                     T col[4][2];  // M A, row by row
                     for (int i = 0; i < 4; ++i) {
-                        const T m0 = ld(4 * i), m1 = ld(4 * i + 1), m2 = ld(4 * i + 2), m3 = ld(4 * i + 3);
+                        const T m0 = ld(mt + (4 * i) * per * OC + o), m1 = ld(mt + (4 * i + 1) * per * OC + o),
+                                m2 = ld(mt + (4 * i + 2) * per * OC + o), m3 = ld(mt + (4 * i + 3) * per * OC + o);
                         col[i][0] = m0 + m1 + m2;
                         col[i][1] = m1 - m2 - m3;
                     }
-                    T bias = T(0.f);
-                    if (bp) {
-                        if constexpr (std::is_same_v<T, V>) bias = V::load_unaligned(bp + o);
-                        else bias = bp[o];
-                    }
+                    const T bias = bp ? ld(bp + o) : T(0.f);
                     for (int du = 0; du < 2; ++du)
                         for (int dv = 0; dv < 2; ++dv) {
                             if (oy + du >= OH || ox + dv >= OW) continue;
-                            T v = du == 0 ? col[0][dv] + col[1][dv] + col[2][dv] : col[1][dv] - col[2][dv] - col[3][dv];
+                            T v = (du == 0 ? col[0][dv] + col[1][dv] + col[2][dv] : col[1][dv] - col[2][dv] - col[3][dv]) + bias;
                             const std::int64_t at = ((n * OH + oy + du) * OW + ox + dv) * OC + o;
-                            if constexpr (std::is_same_v<T, V>) {
-                                v = v + bias;
-                                if (zp) v = v + V::load_unaligned(zp + at);
-                                if (relu) v = kiln::detail::simd::impl::max_keep_nan(V(0.f), v);
-                                v.store_unaligned(yp + at);
-                            } else {
-                                v = v + bias;
-                                if (zp) v = v + zp[at];
-                                if (relu) v = v > 0.f || v != v ? v : 0.f;  // NaN passes, as relu's
-                                yp[at] = v;
-                            }
+                            if (zp) v = v + ld(zp + at);
+                            if (relu) v = kiln::detail::simd::impl::max_keep_nan(T(0.f), v);  // NaN passes, as relu's
+                            if constexpr (std::is_same_v<T, V>) v.store_unaligned(yp + at);
+                            else yp[at] = v;
                         }
                 };
                 std::int64_t o = 0;
