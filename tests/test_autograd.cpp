@@ -867,12 +867,72 @@ TEST_CASE("ResNet-18 trains: a compiled SGD-momentum step matches the eager one,
     SUBCASE("the CPU's fusion limits") { resnet18_trains(false); }
     SUBCASE("CUDA's fusion limits") { resnet18_trains(true); }
 }
+/// Two convolutions (the channels-last weight case below).
+struct TwoConvs {
+    nn::Conv2d c1{6, 16, 3, 1, 1, false}, c2{16, 8, 3, 2, 1, true};
+    Tensor operator()(const Tensor& x) const { return c2(kiln::relu(c1(x))); }
+    template <class F> void visit(const std::string& prefix, F&& f) {
+        c1.visit(prefix + "c1.", f);
+        c2.visit(prefix + "c2.", f);
+    }
+};
+TEST_CASE("a convolution's weight is stored channels-last: a training step copies no weight, gradients and state share its layout") {
+    // dense_order / memory_order: the layouts that count as dense, and the order they give
+    std::vector<std::int64_t> order;
+    CHECK(dense_order(Shape{4, 3, 2, 2}, Strides{12, 1, 6, 3}, order));
+    CHECK(order == std::vector<std::int64_t>{0, 2, 3, 1});
+    CHECK(dense_order(Shape{3, 1, 5}, Strides{5, 99, 1}, order));  // a size-1 dim's stride is free
+    CHECK_FALSE(dense_order(Shape{4, 3}, Strides{6, 1}, order));  // a slice: gaps
+    CHECK_FALSE(dense_order(Shape{4, 3}, Strides{0, 1}, order));  // a broadcast: overlaps
+    CHECK(memory_order(randn({3, 4}).t()) == std::vector<std::int64_t>{1, 0});
+    CHECK(memory_order(randn({3, 4})).empty());
+
+    manual_seed(31);
+    auto channels_last = [](const Tensor& w) { return w.stride(1) == 1 && w.stride(3) == w.size(1) && w.stride(2) == w.size(1) * w.size(3); };
+    TwoConvs cl, rm;
+    copy_weights(cl, rm);
+    CHECK(channels_last(cl.c1.weight));
+    CHECK(channels_last(rm.c2.weight));  // load_state keeps the parameter's layout
+    rm.visit("", [](const std::string&, Tensor& t) { t = t.contiguous(); });  // the same values row-major
+    CHECK(rm.c1.weight.is_contiguous());
+    CHECK(maxdiff(cl.c1.weight, rm.c1.weight) == 0);
+    nn::SGD ocl(nn::parameters(cl), {.lr = 0.05, .momentum = 0.9}), orm(nn::parameters(rm), {.lr = 0.05, .momentum = 0.9});
+    CHECK(ocl.state_dict().at("0.momentum_buffer").strides() == cl.c1.weight.strides());  // the state in the parameter's layout
+    auto step = [](TwoConvs& m, nn::Optimizer& o, const Tensor& x, const Tensor& y) { return train_step(o, [&] { return nn::mse_loss(m(x), y); }); };
+    auto ccl = compile([&](const Tensor& x, const Tensor& y) { return step(cl, ocl, x, y); }, {.fullgraph = true});
+    auto crm = compile([&](const Tensor& x, const Tensor& y) { return step(rm, orm, x, y); }, {.fullgraph = true});
+    const Tensor x = randn({2, 6, 9, 9}), y = randn({2, 8, 5, 5});
+    for (int i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        const float a = ccl(x, y).item<float>(), b = crm(x, y).item<float>();
+        CHECK(a == doctest::Approx(b).epsilon(1e-6));
+    }
+    CHECK(maxdiff(cl.c1.weight, rm.c1.weight) < 1e-6);
+    CHECK(maxdiff(cl.c2.bias, rm.c2.bias) < 1e-6);
+    CHECK(channels_last(cl.c1.weight));  // updated in place, in its layout
+    CHECK(cl.c1.weight.grad().strides() == cl.c1.weight.strides());
+    // row-major weights cost each convolution a copy into channels-last per step, and their
+    // updates write through other layouts: fewer kernels with the weights stored channels-last
+    MESSAGE("kernels per step: channels-last weights " << ccl.kernels() << ", row-major " << crm.kernels());
+    CHECK(ccl.kernels() < crm.kernels());
+    // eager backward: the gradient in the parameter's layout as well
+    TwoConvs e;
+    copy_weights(cl, e);
+    (void)nn::parameters(e);  // marks them to require grad
+    nn::mse_loss(e(x), y).backward();
+    CHECK(e.c1.weight.grad().strides() == e.c1.weight.strides());
+    // moves and casts keep it
+    nn::to(e, DType::f64);
+    CHECK(channels_last(e.c2.weight));
+    CHECK(maxdiff(e.c2.weight, Tensor(cl.c2.weight.to(DType::f64))) == 0);
+}
+
 TEST_CASE("a compiled program reads a parameter's current value, also through a copy or a parameter-only expression") {
     // a parameter (requires grad) is live memory for a trace: work on it alone is recorded, not
     // computed once while tracing (a training step writes it later in the same trace)
     manual_seed(21);
     const Tensor x = randn({2, 3, 8, 8});
-    for (int k : {1, 3}) {  // 1x1: the GEMM reads a view of the weight; 3x3: a permuted copy
+    for (int k : {1, 3}) {  // the GEMM reads a view of the (channels-last) weight
         CAPTURE(k);
         nn::Conv2d conv(3, 4, k, 1, k / 2, true);
         conv.weight.requires_grad_();

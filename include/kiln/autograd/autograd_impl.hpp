@@ -462,13 +462,21 @@ void accumulate(Meta& m, Tensor g) {
         m.grad = m.grad_buffer;
         m.grad.assign(g);
     } else if (trace::Tracer* tr = trace::Tracer::active(); tr != nullptr && g.is_traced()) {
-        m.grad = Tensor(g.shape(), g.dtype(), g.device());
+        m.grad = empty_in_order(g.shape(), m.grad_order, g.dtype(), g.device());
         tr->adopt(m.grad);
         m.grad.assign(g);
     } else {
-        // take g when nothing else holds its memory; otherwise a copy of its own
-        const bool own = !g.is_traced() && g.is_contiguous() && g.storage() && g.storage().use_count() == 1;
-        m.grad = own ? g : g.clone();
+        // take g when nothing else holds its memory and it is laid out as the leaf is; otherwise a
+        // copy of its own in that layout
+        const bool laid_out = m.grad_order.empty() ? g.is_contiguous() : memory_order(g) == m.grad_order;
+        if (g.is_traced()) {
+            m.grad = g.clone();
+        } else if (laid_out && g.storage() && g.storage().use_count() == 1) {
+            m.grad = g;
+        } else {
+            m.grad = empty_in_order(g.shape(), m.grad_order, g.dtype(), g.device());
+            m.grad.copy_(g);
+        }
     }
 }
 

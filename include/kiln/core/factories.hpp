@@ -60,6 +60,54 @@ inline Tensor empty(const Shape& shape, Device device, Loc loc = Loc::current())
     return Tensor(shape, DType::f32, device, loc);
 }
 
+/// Contiguous memory m (numel of `shape` elements) seen as `shape` laid out in `order` (its dims
+/// from the outermost to the innermost of memory, as dense_order gives them; empty: row-major).
+inline Tensor view_in_order(const Tensor& m, const Shape& shape, const std::vector<std::int64_t>& order, Loc loc = Loc::current()) {
+    const int r = shape.rank();
+    bool identity = static_cast<int>(order.size()) == r;
+    for (int k = 0; identity && k < r; ++k) identity = order[static_cast<std::size_t>(k)] == k;
+    if (identity || static_cast<int>(order.size()) != r) return m.view(shape, loc);
+    Shape memory = Shape::filled(r, 0);
+    std::vector<std::int64_t> back(static_cast<std::size_t>(r));
+    for (int k = 0; k < r; ++k) {
+        memory[k] = shape[static_cast<int>(order[static_cast<std::size_t>(k)])];
+        back[static_cast<std::size_t>(order[static_cast<std::size_t>(k)])] = k;
+    }
+    return m.view(memory, loc).permute(back, loc);
+}
+
+/// Uninitialised memory of `shape` laid out in `order` (view_in_order).
+inline Tensor empty_in_order(const Shape& shape, const std::vector<std::int64_t>& order, DType dtype, Device device,
+                             Loc loc = Loc::current()) {
+    const Tensor m(shape, dtype, device, loc);
+    return order.empty() ? m : view_in_order(m, shape, order, loc);
+}
+
+/// t's memory order (dense_order) where t is dense and not row-major; empty otherwise.
+inline std::vector<std::int64_t> memory_order(const Tensor& t) {
+    std::vector<std::int64_t> order;
+    if (t.is_contiguous() || !dense_order(t.shape(), t.strides(), order)) order.clear();
+    return order;
+}
+
+/// Uninitialised memory of t's shape, in t's memory order where t is dense (channels-last stays
+/// channels-last), row-major otherwise: torch.empty_like's preserve_format.
+inline Tensor empty_like(const Tensor& t, DType dtype, Device device, Loc loc = Loc::current()) {
+    return empty_in_order(t.shape(), memory_order(t), dtype, device, loc);
+}
+
+/// v's values in the memory order of `like` (same shape): v itself where like is row-major or not
+/// dense, or v is already laid out so, or v is a tracing tensor (whose layout the program chooses);
+/// a copy otherwise. A module's parameter replaced by a loaded, moved or converted tensor keeps its
+/// layout this way.
+inline Tensor laid_out_like(const Tensor& v, const Tensor& like, Loc loc = Loc::current()) {
+    const std::vector<std::int64_t> want = memory_order(like);
+    if (v.is_traced() || want.empty() || v.strides() == like.strides() || memory_order(v) == want) return v;
+    Tensor out = empty_in_order(v.shape(), want, v.dtype(), v.device(), loc);
+    out.copy_(v, loc);
+    return out;
+}
+
 /// Every element `value`, on device (CUDA: the driver's memset where the value's bytes repeat).
 inline Tensor full(const Shape& shape, Scalar value, DType dtype, Device device, Loc loc = Loc::current()) {
     return detail::filled("full", shape, value, dtype, device, loc);

@@ -132,6 +132,45 @@ inline bool is_contiguous(const Shape& s, const Strides& st) {
     return true;
 }
 
+/// The memory order of a dense layout: `order` gets the dims from the largest stride to the
+/// smallest (equal strides keep their order, so size-1 dims stay where they stand) and the result
+/// says whether the elements fill their span exactly once in that order (row-major, channels-last,
+/// a transposed matrix: torch's "non-overlapping and dense"). An empty tensor is dense, row-major.
+inline bool dense_order(const Shape& s, const Strides& st, std::vector<std::int64_t>& order) {
+    const int r = s.rank();
+    order.resize(static_cast<std::size_t>(r));
+    for (int i = 0; i < r; ++i) order[static_cast<std::size_t>(i)] = i;
+    for (int i = 0; i < r; ++i)
+        if (s[i] == 0) return true;
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return st[static_cast<int>(a)] > st[static_cast<int>(b)]; });
+    std::int64_t expect = 1;
+    for (int k = r - 1; k >= 0; --k) {
+        const int d = static_cast<int>(order[static_cast<std::size_t>(k)]);
+        if (s[d] == 1) continue;
+        if (st[d] != expect) return false;
+        expect *= s[d];
+    }
+    return true;
+}
+
+/// Whether an elementwise iteration over `shape` whose output has strides `out` is better walked in
+/// another dim order: `out` dense and not row-major (channels-last memory); `order` then gets its
+/// memory order. Kernels permute their dims so (as torch's TensorIterator orders dims by the
+/// output's strides): operands laid out as the output then merge into one contiguous run.
+inline bool walk_in_memory_order(const Shape& shape, const Strides& out, std::vector<std::int64_t>& order) {
+    if (is_contiguous(shape, out) || !dense_order(shape, out, order)) return false;
+    for (std::size_t k = 0; k < order.size(); ++k)
+        if (order[k] != static_cast<std::int64_t>(k)) return true;
+    return false;
+}
+
+/// d with its dims taken in `order` (d[order[0]], d[order[1]], ...).
+inline Dims permuted(const Dims& d, const std::vector<std::int64_t>& order) {
+    Dims out = d;
+    for (std::size_t k = 0; k < order.size(); ++k) out[static_cast<int>(k)] = d[static_cast<int>(order[k])];
+    return out;
+}
+
 namespace detail {
 
 /// Wraps a possibly negative axis into [0, rank); throws ShapeError naming op otherwise.

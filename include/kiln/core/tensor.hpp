@@ -335,6 +335,10 @@ struct Meta {
     /// Where a new gradient goes (autograd::set_grad_buffer): when backward finds `grad` undefined
     /// it writes into this memory and makes it `grad`, instead of taking memory of its own.
     Tensor grad_buffer;
+    /// The leaf's memory order when it was marked (dense_order; empty: row-major): a gradient made
+    /// for it is laid out so (torch's gradient layout contract), which an optimizer's update,
+    /// reading both, then walks in one order.
+    std::vector<std::int64_t> grad_order;
 };
 }  // namespace autograd::detail
 
@@ -358,6 +362,7 @@ inline Tensor& Tensor::requires_grad_(bool on, Loc loc) {
     if (!ag_) ag_ = std::make_shared<autograd::detail::Meta>();
     ag_->requires_grad = on;
     if (on && storage_) storage_->mark_grad_memory();
+    if (on && !ag_->grad_fn && (is_contiguous() || !dense_order(shape_, strides_, ag_->grad_order))) ag_->grad_order.clear();
     return *this;
 }
 

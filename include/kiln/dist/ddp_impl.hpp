@@ -82,7 +82,8 @@ KILN_DECL Reducer::Reducer(std::vector<Tensor> params, std::vector<Tensor> buffe
         std::int64_t o = 0;
         for (int p : b.params) {
             Tensor& param = params_[static_cast<std::size_t>(p)];
-            Tensor v = b.memory.slice(0, o, o + param.numel()).view(param.shape());
+            // laid out as the parameter is (a convolution's weight channels-last): what backward writes
+            Tensor v = view_in_order(b.memory.slice(0, o, o + param.numel()), param.shape(), memory_order(param));
             o += param.numel();
             autograd::set_grad_buffer(param, v, loc);  // a gradient from before moves in at its bucket's start (launch)
             b.views.push_back(v);

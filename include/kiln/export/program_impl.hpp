@@ -70,8 +70,11 @@ KILN_DECL Captured capture(trace::Tracer& tr, int n_user, const Flat& outs, cons
     auto same_view = [](const Tensor& a, const Tensor& b) {
         return a.storage() == b.storage() && a.offset() == b.offset() && a.shape() == b.shape() && a.strides() == b.strides() && a.dtype() == b.dtype();
     };
-    auto inside = [](const Tensor& whole, const Tensor& v) {  // v reads only elements of contiguous `whole`
-        if (v.storage() != whole.storage() || v.dtype() != whole.dtype() || !whole.is_contiguous() || v.offset() < whole.offset()) return false;
+    auto inside = [](const Tensor& whole, const Tensor& v) {  // v reads only elements of dense `whole`
+        std::vector<std::int64_t> order;
+        if (v.storage() != whole.storage() || v.dtype() != whole.dtype() || !dense_order(whole.shape(), whole.strides(), order) ||
+            v.offset() < whole.offset())
+            return false;
         std::int64_t last = v.offset();
         for (int d = 0; d < v.rank(); ++d) {
             if (v.shape()[d] == 0) return true;
@@ -155,12 +158,35 @@ KILN_DECL Captured capture(trace::Tracer& tr, int n_user, const Flat& outs, cons
         const int id = input_node[name];
         if (same_view(whole, n.tensor)) {
             remap[static_cast<std::size_t>(i)] = id;
-        } else {  // a view of the named tensor's row-major layout
+        } else {  // a view of the named tensor's memory
+            int memory = id;  // the input holds the tensor row-major: its memory where it is contiguous
+            if (const std::vector<std::int64_t> order = memory_order(whole); !order.empty()) {
+                // laid out otherwise (a channels-last weight): its memory is the input read in that
+                // order (a view of the row-major input) and copied, which the view below then reads
+                const Strides rm = contiguous_strides(whole.shape());
+                ir::Node in_order;
+                in_order.kind = ir::Kind::view;
+                in_order.dtype = whole.dtype();
+                in_order.shape = in_order.args = Shape::filled(whole.rank(), 0);
+                for (int k = 0; k < whole.rank(); ++k) {
+                    in_order.shape[k] = whole.shape()[static_cast<int>(order[static_cast<std::size_t>(k)])];
+                    in_order.args[k] = rm[static_cast<int>(order[static_cast<std::size_t>(k)])];
+                }
+                in_order.in = {id};
+                ir::Node copy;
+                copy.kind = ir::Kind::elementwise;
+                copy.op = ops::op_id<ops::Copy>;
+                copy.dtype = copy.attr = whole.dtype();
+                copy.ct = cast_compute_dtype(whole.dtype(), whole.dtype());
+                copy.shape = in_order.shape;
+                copy.in = {out.add(std::move(in_order))};
+                memory = out.add(std::move(copy));
+            }
             ir::Node v;
             v.kind = ir::Kind::view;
             v.dtype = n.tensor.dtype();
             v.shape = n.tensor.shape();
-            v.in = {id};
+            v.in = {memory};
             v.args = n.tensor.strides();
             v.value = static_cast<double>(n.tensor.offset() - whole.offset());
             remap[static_cast<std::size_t>(i)] = out.add(std::move(v));

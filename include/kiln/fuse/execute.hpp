@@ -88,9 +88,11 @@ inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const M
                 if (const int w = plan.store_into[static_cast<std::size_t>(o)]; w >= 0) {
                     const ir::Node& wn = g[w];
                     const Tensor& base = vals[static_cast<std::size_t>(wn.in[0])];
-                    if (base.is_contiguous() && s.on_device(base))  // (o is the write's value or what it reshapes)
+                    // o is the write's value (at the write's strides: row-major, or channels-last
+                    // for an elementwise kernel) or what it reshapes (row-major)
+                    if (base.is_contiguous() && s.on_device(base))
                         vals[static_cast<std::size_t>(o)] = Tensor(base.storage(), base.offset() + static_cast<std::int64_t>(wn.value), g[o].shape,
-                                                                   contiguous_strides(g[o].shape), g[o].dtype);
+                                                                   o == wn.in[1] ? wn.args : contiguous_strides(g[o].shape), g[o].dtype);
                 }
         switch (G.kind) {
             case Group::Kind::elementwise:

@@ -735,8 +735,12 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
         // every backend; a matmul not: the CPU's GEMM makes its own)
         const auto kk = ks >= 0 ? p.groups[sz(ks)].kind : Group::Kind::view;
         const bool placed = kk == Group::Kind::elementwise || kk == Group::Kind::row || kk == Group::Kind::reduce;
-        if (!only_here || !placed || is_output[sz(prod)] || g[prod].dtype != wn.dtype || !(wn.args == contiguous_strides(g[src].shape)))
-            continue;
+        // the memory row-major at the write's place, or (elementwise kernels, which write any
+        // strides) dense in another order: a channels-last parameter and its optimizer state
+        const bool row_major = wn.args == contiguous_strides(g[src].shape);
+        std::vector<std::int64_t> order;
+        const bool dense = row_major || (kk == Group::Kind::elementwise && prod == src && dense_order(g[src].shape, wn.args, order));
+        if (!only_here || !placed || is_output[sz(prod)] || g[prod].dtype != wn.dtype || !dense) continue;
         bool direct = true;
         for (std::size_t j = sz(ks) + 1; direct && j < k; ++j)
             for (int l : p.groups[j].leaves) direct = direct && !alias[sz(l)];
@@ -746,7 +750,7 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
                 // a view at the write's place, or the memory itself when the write covers all of it
                 const bool same_place = v.shape == g[src].shape && v.dtype == wn.dtype &&
                                         ((v.kind == Kind::view && v.args == wn.args && v.value == wn.value) ||
-                                         (l == b && wn.value == 0));
+                                         (l == b && wn.value == 0 && row_major));
                 direct = direct && same_place;
             }
         if (direct) {
@@ -755,6 +759,25 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
             G.stored = true;
         }
     }
+    // a kernel walks one set of output strides: an elementwise group storing any output in memory
+    // that is not row-major stores every output so, all with the same strides, or none
+    if (!p.store_into.empty())
+        for (const Group& G : p.groups) {
+            if (G.kind != Group::Kind::elementwise) continue;
+            bool other = false, same = true;
+            for (int o : G.outputs) {
+                const int w = p.store_into[sz(o)];
+                other = other || (w >= 0 && !(g[w].args == contiguous_strides(g[o].shape)));
+                const int w0 = p.store_into[sz(G.outputs[0])];
+                same = same && w >= 0 && w0 >= 0 && g[w].args == g[w0].args;
+            }
+            if (!other || same) continue;
+            for (int o : G.outputs)
+                if (const int w = p.store_into[sz(o)]; w >= 0) {
+                    p.groups[sz(p.group_of[sz(w)])].stored = false;
+                    p.store_into[sz(o)] = -1;
+                }
+        }
     return p;
 }
 

@@ -634,7 +634,10 @@ KILN_DECL Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::int64_t k, std:
     win.sh = win.sw = stride;
     win.ph = win.pw = padding;
     const double bound = 1.0 / std::sqrt(static_cast<double>(in * k * k));
-    weight = nn::detail::uniform({out, in, k, k}, bound, o);
+    // stored channels-last, (OC, KH, KW, C) in memory, seen as (OC, C, KH, KW): the layout every
+    // convolution path reads (cuDNN, the CPU kernels, im2col's GEMM), so neither inference nor a
+    // training step copies the weight into it (the gradient, from cuDNN or the GEMM, comes in it too)
+    weight = detail::channels_last(nn::detail::uniform({out, in, k, k}, bound, o));
     if (with_bias) bias = nn::detail::uniform({out}, bound, o);
 }
 

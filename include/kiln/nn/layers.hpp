@@ -288,13 +288,14 @@ template <class M> std::map<std::string, Tensor> state_dict(M& m) {
     return out;
 }
 
-/// Every parameter moved to `device` (or converted to `dtype`).
+/// Every parameter moved to `device` (or converted to `dtype`), each in its memory order (a
+/// convolution's channels-last weight stays channels-last).
 template <class M> M& to(M& m, Device device) {
-    m.visit("", [&](const std::string&, Tensor& t) { t = t.to(device); });
+    m.visit("", [&](const std::string&, Tensor& t) { t = laid_out_like(t.to(device), t); });
     return m;
 }
 template <class M> M& to(M& m, DType dtype) {
-    m.visit("", [&](const std::string&, Tensor& t) { t = t.to(dtype); });
+    m.visit("", [&](const std::string&, Tensor& t) { t = laid_out_like(t.to(dtype), t); });
     return m;
 }
 
@@ -315,7 +316,7 @@ void load_state(M& m, const std::map<std::string, Tensor>& params, bool strict =
         if (it->second.shape() != t.shape())
             kiln::detail::fail<ShapeError>("load_state", "parameter '" + name + "' has shape " + t.shape().str() +
                                                              " but the loaded tensor has shape " + it->second.shape().str(), loc);
-        t = it->second.to(t.dtype(), loc).to(t.device(), loc);
+        t = laid_out_like(it->second.to(t.dtype(), loc).to(t.device(), loc), t, loc);
     });
     std::string msg;
     if (!missing.empty()) {

@@ -57,7 +57,7 @@ struct CastParameters {
     DType dtype;
     Loc loc;
     void operator()(const std::string&, Tensor& t) const {
-        if (is_floating(t.dtype()) && t.dtype() != dtype) t = t.to(dtype, loc);
+        if (is_floating(t.dtype()) && t.dtype() != dtype) t = laid_out_like(t.to(dtype, loc), t, loc);
     }
     void operator()(const std::string&, Tensor&, Buffer) const {}
 };
@@ -229,7 +229,9 @@ protected:
     /// A state tensor made now, outside any traced call, so that a compiled step updates it in
     /// place (a handle: the map and the optimizer's member share its memory).
     Tensor state(const std::string& name, const Tensor& like, double value = 0) {
-        return state_[name] = full(like.shape(), value, DType::f32, like.device());
+        Tensor s = empty_like(like, DType::f32, like.device());  // the parameter's memory order: one layout per update
+        s.fill_(value);
+        return state_[name] = s;
     }
     std::vector<Tensor> params_;
     std::map<std::string, Tensor> state_;

@@ -624,11 +624,17 @@ inline bool elementwise_program(const ir::Graph& g, const fuse::Group& G, std::v
     return true;
 }
 
-/// Merges p's dims where every access allows (rank 1 at least).
-inline void collapse_program(TileProgram& p) {
+/// Every access of p: its result, its leaves, its side outputs.
+inline std::vector<Access*> program_accesses(TileProgram& p) {
     std::vector<Access*> all{&p.out};
     for (auto& a : p.leaves) all.push_back(&a);
     for (auto& sd : p.side) all.push_back(&sd.second);
+    return all;
+}
+
+/// Merges p's dims where every access allows (rank 1 at least).
+inline void collapse_program(TileProgram& p) {
+    const std::vector<Access*> all = program_accesses(p);
     collapse(p.space, all);
     if (p.space.shape.rank() == 0) {  // one element: a rank-1 space of one
         p.space.shape = Shape{1};
@@ -642,6 +648,12 @@ inline void collapse_program(TileProgram& p) {
 inline void run_elementwise_group(const ir::Graph& g, const fuse::Group& G, std::vector<Tensor>& vals, GroupKernels* memo = nullptr) {
     TileProgram p;
     if (!elementwise_program(g, G, vals, p)) return;
+    // an output placed in channels-last memory (a parameter's update stored in place): walk it in
+    // that order, so its operands laid out alike are read contiguously
+    if (std::vector<std::int64_t> order; walk_in_memory_order(p.space.shape, p.out.strides, order)) {
+        p.space.shape = permuted(p.space.shape, order);
+        for (Access* a : program_accesses(p)) a->strides = permuted(a->strides, order);
+    }
     collapse_program(p);
     if (memo)
         if (const cppgen::GroupFn fn = generated_kernel(p, *memo)) return run_generated(p, fn);

@@ -508,15 +508,18 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
                             Launcher& L, bool may_hold = false) {
     const std::size_t no = G.outputs.size();
     const Shape& S = g[G.outputs[0]].shape;  // every output has the group's shape
-    std::vector<Tensor> outs;
+    // destinations placed beforehand may be strided views (a statement written into a slice;
+    // updates stored straight into channels-last parameters and their state): taken when every
+    // output has one, all with the same strides (the kernel walks one set of output strides)
+    bool view_out = true;
     for (int o : G.outputs) {
         const ir::Node& on = g[o];
-        // a destination placed beforehand may be a strided view (a statement written into a slice)
         const Tensor& pre = vals[static_cast<std::size_t>(o)];
-        const bool view_out = no == 1 && pre.defined() && pre.shape() == on.shape && pre.dtype() == on.dtype &&
-                              pre.device() == Device::cuda(device) && !pre.is_contiguous();
-        outs.push_back(view_out ? pre : out_for(vals, o, on.shape, on.dtype, device));
+        view_out = view_out && pre.defined() && pre.shape() == on.shape && pre.dtype() == on.dtype && pre.device() == Device::cuda(device) &&
+                   !pre.is_contiguous() && pre.strides() == vals[static_cast<std::size_t>(G.outputs[0])].strides();
     }
+    std::vector<Tensor> outs;
+    for (int o : G.outputs) outs.push_back(view_out ? vals[static_cast<std::size_t>(o)] : out_for(vals, o, g[o].shape, g[o].dtype, device));
     const std::int64_t n = S.numel();
     if (n == 0) return;
     const std::size_t nl = G.leaves.size();
@@ -532,7 +535,17 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
         ops[k].strides.assign(st.begin(), st.end());
         all.push_back(&ops[k].strides);
     }
-    const std::vector<std::int64_t> sz = collapse_dims(S, all);
+    // outputs in channels-last memory: the dims walked in that order, so operands laid out alike
+    // merge into contiguous runs (coalesced, vectorized)
+    Shape walk = S;
+    if (std::vector<std::int64_t> order; walk_in_memory_order(S, outs[0].strides(), order)) {
+        walk = permuted(S, order);
+        for (std::vector<std::int64_t>* v : all) {
+            const std::vector<std::int64_t> was = *v;
+            for (std::size_t k = 0; k < order.size(); ++k) (*v)[k] = was[static_cast<std::size_t>(order[k])];
+        }
+    }
+    const std::vector<std::int64_t> sz = collapse_dims(walk, all);
     EwSignature sig;
     sig.rank = static_cast<int>(sz.size());
     {
