@@ -294,9 +294,10 @@ inline Tensor conv2d_recorded(const Tensor& x, const Tensor& weight, const Tenso
                               const Tensor& residual, const Shape& out, const Loc& loc) {
     const Tensor b = bias.defined() && bias.dtype() != x.dtype() ? bias.to(x.dtype(), loc) : bias;
     if (x.device().is_cuda() && cuda::cudnn::available() && x.dtype() != DType::f64 && weight.dtype() == x.dtype()) {
-        // cuDNN's forward and backward data both read the weight as (OC, KH, KW, C) rows: one copy
-        // for both (they take it as a view in the weight's shape, which costs them nothing), made
-        // outside autograd (the library op's rule gives the weight's gradient)
+        // cuDNN's forward and backward data both read the weight as (OC, KH, KW, C) rows: the
+        // weight itself where it is stored so (nn::Conv2d's are), else one copy for both (they take
+        // it as a view in the weight's shape), made outside autograd (the library op's rule gives
+        // the weight's gradient)
         const Tensor wl = [&] {
             const no_grad off;
             return channels_last(weight.detach());
