@@ -67,13 +67,9 @@ inline Tensor view_in_order(const Tensor& m, const Shape& shape, const std::vect
     bool identity = static_cast<int>(order.size()) == r;
     for (int k = 0; identity && k < r; ++k) identity = order[static_cast<std::size_t>(k)] == k;
     if (identity || static_cast<int>(order.size()) != r) return m.view(shape, loc);
-    Shape memory = Shape::filled(r, 0);
     std::vector<std::int64_t> back(static_cast<std::size_t>(r));
-    for (int k = 0; k < r; ++k) {
-        memory[k] = shape[static_cast<int>(order[static_cast<std::size_t>(k)])];
-        back[static_cast<std::size_t>(order[static_cast<std::size_t>(k)])] = k;
-    }
-    return m.view(memory, loc).permute(back, loc);
+    for (int k = 0; k < r; ++k) back[static_cast<std::size_t>(order[static_cast<std::size_t>(k)])] = k;
+    return m.view(permuted(shape, order), loc).permute(back, loc);
 }
 
 /// Uninitialised memory of `shape` laid out in `order` (view_in_order).

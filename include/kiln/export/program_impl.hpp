@@ -163,15 +163,11 @@ KILN_DECL Captured capture(trace::Tracer& tr, int n_user, const Flat& outs, cons
             if (const std::vector<std::int64_t> order = memory_order(whole); !order.empty()) {
                 // laid out otherwise (a channels-last weight): its memory is the input read in that
                 // order (a view of the row-major input) and copied, which the view below then reads
-                const Strides rm = contiguous_strides(whole.shape());
                 ir::Node in_order;
                 in_order.kind = ir::Kind::view;
                 in_order.dtype = whole.dtype();
-                in_order.shape = in_order.args = Shape::filled(whole.rank(), 0);
-                for (int k = 0; k < whole.rank(); ++k) {
-                    in_order.shape[k] = whole.shape()[static_cast<int>(order[static_cast<std::size_t>(k)])];
-                    in_order.args[k] = rm[static_cast<int>(order[static_cast<std::size_t>(k)])];
-                }
+                in_order.shape = permuted(whole.shape(), order);
+                in_order.args = permuted(contiguous_strides(whole.shape()), order);
                 in_order.in = {id};
                 ir::Node copy;
                 copy.kind = ir::Kind::elementwise;
