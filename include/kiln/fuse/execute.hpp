@@ -102,10 +102,15 @@ inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const M
             case Group::Kind::write:
                 run_write_step(g, G, vals, s);  // (flushes before it copies)
                 break;
-            case Group::Kind::call:
+            case Group::Kind::call: {
                 s.flush();  // the op queues its work behind everything before it
+                const auto t_call = std::chrono::steady_clock::now();
                 vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g[G.outputs[0]], vals);
+                if (const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
+                    ms > 1 && debug::log_on("compile_times"))  // a first call's plans (cuDNN's, cuBLASLt's)
+                    debug::log("compile_times", "call " + g[G.outputs[0]].call->key + ": " + std::to_string(ms) + " ms on the host");
                 break;
+            }
             case Group::Kind::view: {
                 const ir::Node& n = g[G.outputs[0]];
                 const Tensor& in = vals[static_cast<std::size_t>(n.in[0])];

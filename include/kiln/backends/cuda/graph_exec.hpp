@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -329,7 +330,13 @@ public:
                 texts.push_back(pending_[i].make());
                 which.push_back(i);
             }
+        const auto t0 = std::chrono::steady_clock::now();
         const std::vector<CUfunction> fs = kernel_functions(texts, device_);
+        if (!texts.empty() && debug::log_on("compile_times"))
+            debug::log("compile_times", "compile wave: " + std::to_string(texts.size()) + " kernel(s) for " + std::to_string(pending_.size()) +
+                                            " launch(es) in " +
+                                            std::to_string(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()) +
+                                            " ms");
         for (std::size_t j = 0; j < which.size(); ++j) pending_[which[j]].memo->insert(pending_[which[j]].key, fs[j]);
         for (Launch& l : pending_)
             if (l.memo) {
