@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <kiln/kiln.hpp>
+#include <kiln/fuse/fuser.hpp>  // the fuser's plans, inspected directly
 #include <kiln/passes/pipeline.hpp>  // the passes, run directly
 
 #include "test_util.hpp"

@@ -4,6 +4,7 @@
 // prelude that does not compile.
 #include "test_util.hpp"
 
+#include "kiln/backends/cpu/cpp_codegen.hpp"
 #include "kiln/backends/cpu/gemm.hpp"
 
 #include <unistd.h>

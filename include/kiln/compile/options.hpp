@@ -7,11 +7,13 @@
 
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
-#include "kiln/fuse/execute.hpp"
-#include "kiln/fuse/fuser.hpp"
-#include "kiln/ir/graph.hpp"
+#include "kiln/fuse/limits.hpp"
 
 namespace kiln {
+
+namespace ir {
+struct Graph;  // ir/graph.hpp: what Options::custom_backend receives
+}
 
 /// How a compiled function runs.
 /// The names follow torch.compile's backends: `eager` runs the captured graph one op per kernel,
@@ -67,6 +69,8 @@ struct Options {
     /// its convolution: passes/fold_conv_affine.hpp); later writes to them are not seen. Off:
     /// captured tensors are read on every call.
     bool freeze = false;
+    /// Backend::custom: turns the optimized graph into an executable (include <kiln/ir/graph.hpp>
+    /// to read the graph, <kiln/fuse/fuser.hpp> to plan it as kiln does)
     std::function<Executable(const ir::Graph&)> custom_backend{};
     fuse::Limits limits{};
 };

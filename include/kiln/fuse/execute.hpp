@@ -15,6 +15,7 @@
 #include "kiln/core/tensor.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/fuse/fuser.hpp"
+#include "kiln/fuse/limits.hpp"
 #include "kiln/fuse/memory_plan.hpp"
 #include "kiln/ir/graph.hpp"
 
@@ -168,9 +169,6 @@ public:
     /// planned again for them (p): it may share this program's kernels.
     virtual std::shared_ptr<const GraphProgram> reshaped(ir::Graph g, Plan p) const = 0;
 };
-
-/// A compiled program as compile's callers hold it.
-using Executable = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 /// What compile needs of a device.
 class DeviceBackend {

@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <string>
 
-#include "kiln/backends/cpu/cpp_codegen.hpp"
 #include "kiln/core/config.hpp"
 
 namespace kiln {

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/backends/cpu/cpp_codegen.hpp"
 #include "kiln/cache/files.hpp"
 #include "kiln/debug/logs.hpp"
 #include "kiln/version.hpp"

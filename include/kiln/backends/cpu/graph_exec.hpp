@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/cpp_build.hpp"
+#include "kiln/backends/cpu/cpp_codegen.hpp"
 #include "kiln/backends/cpu/program.hpp"
 #include "kiln/backends/cpu/reduce.hpp"
 #include "kiln/fuse/execute.hpp"
