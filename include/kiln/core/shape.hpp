@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <source_location>
 #include <span>
 #include <string>
@@ -164,10 +165,13 @@ inline bool walk_in_memory_order(const Shape& shape, const Strides& out, std::ve
     return false;
 }
 
-/// d with its dims taken in `order` (d[order[0]], d[order[1]], ...).
-inline Dims permuted(const Dims& d, const std::vector<std::int64_t>& order) {
-    Dims out = d;
-    for (std::size_t k = 0; k < order.size(); ++k) out[static_cast<int>(k)] = d[static_cast<int>(order[k])];
+/// d (Dims, or a std::vector of per-dim numbers) with its dims taken in `order` (d[order[0]],
+/// d[order[1]], ...).
+template <class D>
+D permuted(const D& d, const std::vector<std::int64_t>& order) {
+    D out = d;
+    auto o = out.begin();
+    for (std::size_t k = 0; k < order.size(); ++k, ++o) *o = *std::next(d.begin(), static_cast<std::ptrdiff_t>(order[k]));
     return out;
 }
 

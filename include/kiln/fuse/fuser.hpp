@@ -740,11 +740,11 @@ inline Plan plan(const ir::Graph& g, const Limits& lim = {}) {
     if (!p.store_into.empty())
         for (const Group& G : p.groups) {
             if (G.kind != Group::Kind::elementwise) continue;
+            const int w0 = p.store_into[sz(G.outputs[0])];
             bool other = false, same = true;
             for (int o : G.outputs) {
                 const int w = p.store_into[sz(o)];
                 other = other || (w >= 0 && !(g[w].args == contiguous_strides(g[o].shape)));
-                const int w0 = p.store_into[sz(G.outputs[0])];
                 same = same && w >= 0 && w0 >= 0 && g[w].args == g[w0].args;
             }
             if (!other || same) continue;

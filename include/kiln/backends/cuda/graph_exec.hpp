@@ -547,10 +547,7 @@ inline void run_elementwise(const ir::Graph& g, const fuse::Group& G, std::vecto
     Shape walk = S;
     if (std::vector<std::int64_t> order; walk_in_memory_order(S, outs[0].strides(), order)) {
         walk = permuted(S, order);
-        for (std::vector<std::int64_t>* v : all) {
-            const std::vector<std::int64_t> was = *v;
-            for (std::size_t k = 0; k < order.size(); ++k) (*v)[k] = was[static_cast<std::size_t>(order[k])];
-        }
+        for (std::vector<std::int64_t>* v : all) *v = permuted(*v, order);
     }
     const std::vector<std::int64_t> sz = collapse_dims(walk, all);
     EwSignature sig;
