@@ -132,7 +132,9 @@ template <class R, class T> inline void acc_n(T& a, const V<T>& v, int n) {
 }
 // The multi-index of element `at` of a row-major shape.
 template <int R> inline void unravel(i64 at, const i64* shape, i64* idx) {
-    for (int d = R - 1; d >= 0; --d) { idx[d] = at % shape[d]; at /= shape[d]; }
+    // (at < the sizes' product: what is left at the outermost dim is below its size)
+    for (int d = R - 1; d > 0; --d) { idx[d] = at % shape[d]; at /= shape[d]; }
+    idx[0] = at;
 }
 // Element offsets of a segment start: idx (the multi-index) against each access's strides.
 template <int R> inline i64 offset(const i64* idx, const i64* strides) {

@@ -441,10 +441,12 @@ inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, c
     s += "  const idx_t step = (idx_t)" + nblk + " * blockDim.x;\n";
     s += "  for (idx_t t0 = (idx_t)" + bid + " * blockDim.x + threadIdx.x; t0 < nvec; t0 += step * " + Us + ") {\n";
     auto coords = [&](const std::string& at, const std::string& pre) {
+        // (at < n, the sizes' product: what is left at the outermost dim is below its size, so
+        // it takes no remainder, one division fewer per element)
         std::string c = "      { idx_t r_ = " + at + ";\n";
         for (int d = R - 1; d >= 0; --d) {
-            c += "        const idx_t " + pre + std::to_string(d) + " = r_ % (idx_t)z" + std::to_string(d) + ";";
-            if (d > 0) c += " r_ /= (idx_t)z" + std::to_string(d) + ";";
+            const std::string zd = "(idx_t)z" + std::to_string(d);
+            c += "        const idx_t " + pre + std::to_string(d) + " = " + (d > 0 ? "r_ % " + zd + "; r_ /= " + zd + ";" : std::string("r_;"));
             c += "\n";
         }
         return c;
@@ -560,9 +562,9 @@ inline std::string row_params(const std::vector<Access>& inner_access, int Ro, i
 /// `b_[k]`: where row r starts in operand k, from r's outer coordinates.
 inline std::string row_bases(std::size_t nops, int Ro) {
     std::string s = "    idx_t b_[" + std::to_string(std::max<std::size_t>(nops, 1)) + "];\n    { idx_t q_ = r;\n";
-    for (int d = Ro - 1; d >= 0; --d) {
-        s += "      const idx_t c" + std::to_string(d) + " = q_ % (idx_t)zo" + std::to_string(d) + ";";
-        if (d > 0) s += " q_ /= (idx_t)zo" + std::to_string(d) + ";";
+    for (int d = Ro - 1; d >= 0; --d) {  // (r < rows, the outer sizes' product: no remainder at the outermost dim)
+        const std::string zd = "(idx_t)zo" + std::to_string(d);
+        s += "      const idx_t c" + std::to_string(d) + " = " + (d > 0 ? "q_ % " + zd + "; q_ /= " + zd + ";" : std::string("q_;"));
         s += "\n";
     }
     for (std::size_t k = 0; k < nops; ++k) {
