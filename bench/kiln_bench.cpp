@@ -138,6 +138,10 @@ public:
         const double first = seconds_since(t0);
         kiln::cpu_codegen_wait();  // compiled rows: the generated C++ the first call queued (not timed)
         fn();  // warm-up: caches, page faults, pool spin-up
+        if (interleaving_) {  // timed with the scope's other rows (Interleaved)
+            queued_.push_back({workload, method, threads, bytes, fn, min_repeats, first});
+            return;
+        }
         std::vector<double> times;
         const auto start = Clock::now();
         while (static_cast<int>(times.size()) < min_repeats || (seconds_since(start) < opt_.min_time && min_repeats > 1)) {
@@ -148,6 +152,27 @@ public:
         }
         record(workload, method, "cpu", threads, bytes, std::move(times), first);
     }
+
+    /// While one lives, row() makes each row's first call and warm-up at once and leaves its timing
+    /// to the end of the scope, where the rows are timed in alternation: each round calls every
+    /// row's fn once, in turn, until each has min_time of repeats (and its min_repeats). The rows
+    /// compared against each other (kiln fused, compiled, the hand-written anchors) so see the same
+    /// machine: on a VM whose speed drifts within seconds, rows timed one after another do not.
+    /// The fns must stay callable until the scope ends.
+    class Interleaved {
+    public:
+        explicit Interleaved(Bench& b) : b_(b) { b_.interleaving_ = true; }
+        Interleaved(const Interleaved&) = delete;
+        Interleaved& operator=(const Interleaved&) = delete;
+        ~Interleaved() noexcept(false) {
+            b_.interleaving_ = false;
+            if (std::uncaught_exceptions() == 0) b_.time_queued();
+            b_.queued_.clear();
+        }
+
+    private:
+        Bench& b_;
+    };
 
     /// Adds the row of one timed workload: times of the repeats and of the first call, in seconds.
     void record(const std::string& workload, const std::string& method, const std::string& device, int threads, double bytes,
@@ -360,6 +385,38 @@ public:
 
 private:
     Options opt_;
+    struct Queued {
+        std::string workload, method;
+        int threads;
+        double bytes;
+        std::function<void()> fn;
+        int min_repeats;
+        double first;
+    };
+    bool interleaving_ = false;
+    std::vector<Queued> queued_;
+    /// Times the queued rows in alternation (Interleaved) and records them in queue order.
+    void time_queued() {
+        std::vector<std::vector<double>> times(queued_.size());
+        std::vector<double> spent(queued_.size(), 0);
+        auto done = [&](std::size_t i) {
+            return (static_cast<int>(times[i].size()) >= queued_[i].min_repeats && spent[i] >= opt_.min_time) || times[i].size() >= 2000;
+        };
+        for (bool all = queued_.empty(); !all;) {
+            all = true;
+            for (std::size_t i = 0; i < queued_.size(); ++i) {
+                if (done(i)) continue;
+                kiln::set_num_threads(queued_[i].threads);
+                const auto t0 = Clock::now();
+                queued_[i].fn();
+                times[i].push_back(seconds_since(t0));
+                spent[i] += times[i].back();
+                all = all && done(i);
+            }
+        }
+        for (std::size_t i = 0; i < queued_.size(); ++i)
+            record(queued_[i].workload, queued_[i].method, "cpu", queued_[i].threads, queued_[i].bytes, std::move(times[i]), queued_[i].first);
+    }
     std::vector<Row> rows_;
     std::map<int, double> copy_gbps_;
     std::map<std::string, std::pair<double, std::string>> meta_;
@@ -443,8 +500,9 @@ void bench_chain(Bench& b, const std::string& name, std::int64_t n) {
     }
     for (int t : b.thread_counts()) {
         b.row(name, "eager", t, bytes, [&] { y = kiln::eager(chain_expr(x)); });
-        b.row(name, "fused", t, bytes, [&] { y = Tensor(chain_expr(x)); });
         auto compiled = kiln::compile([](const Tensor& v) { return Tensor(chain_expr(v)); });
+        const Bench::Interleaved together(b);  // the rows below timed in alternation
+        b.row(name, "fused", t, bytes, [&] { y = Tensor(chain_expr(x)); });
         b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
         // The Eigen peer: the same chain as an Eigen array expression, split into contiguous
         // chunks over the same pool (Eigen does not thread coefficient-wise expressions itself).
@@ -483,21 +541,23 @@ void bench_bias_gelu(Bench& b) {
     check_close(name + " fused", Tensor(kiln::gelu_tanh(x + bias)), kiln::eager(kiln::gelu_tanh(x + bias)), 1e-5);
     for (int t : b.thread_counts()) {
         b.row(name, "eager", t, bytes, [&] { y = kiln::eager(kiln::gelu_tanh(x + bias)); });
-        b.row(name, "fused", t, bytes, [&] { y = Tensor(kiln::gelu_tanh(x + bias)); });
         auto compiled = kiln::compile([&](const Tensor& v) { return Tensor(kiln::gelu_tanh(v + bias)); });
+        const Bench::Interleaved together(b);  // the rows below timed in alternation
+        b.row(name, "fused", t, bytes, [&] { y = Tensor(kiln::gelu_tanh(x + bias)); });
         b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
         // the hand-written anchors (bench/hand_cpu.hpp): an xsimd loop and an Eigen loop per row
+        Tensor hs[2];
         for (const bool eigen : {false, true}) {
-            Tensor h;
-            b.row(name, eigen ? "eigen_rows" : "hand", t, bytes, [&] {
+            Tensor* const h = &hs[eigen ? 1 : 0];  // (the fn outlives this iteration: timed at the scope's end)
+            b.row(name, eigen ? "eigen_rows" : "hand", t, bytes, [&, h, eigen] {
                 const Tensor o = kiln::empty({rows, cols});
                 kiln::detail::parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
                     (eigen ? kiln_bench_hand::bias_gelu_rows_eigen : kiln_bench_hand::bias_gelu_rows)(
                         x.data<float>(), bias.data<float>(), o.data<float>(), cols, r0, r1);
                 });
-                h = o;
+                *h = o;
             });
-            check_close(name + (eigen ? " eigen_rows" : " hand"), h, y, 1e-5);
+            check_close(name + (eigen ? " eigen_rows" : " hand"), *h, y, 1e-5);
         }
     }
 }
@@ -518,13 +578,14 @@ void bench_colsum(Bench& b) {
     check_close(name + " fused", kiln::sum(x * x, {0}), ref, 1e-5);
     for (int t : b.thread_counts()) {
         b.row(name, "eager", t, bytes, [&] { y = kiln::sum(kiln::eager(x * x), {0}); });
-        b.row(name, "fused", t, bytes, [&] { y = kiln::sum(x * x, {0}); });
         auto compiled = kiln::compile([](const Tensor& v) { return kiln::sum(v * v, {0}); });
+        Tensor h;
+        std::vector<float> part(static_cast<std::size_t>(t * cols));
+        const Bench::Interleaved together(b);  // the rows below timed in alternation
+        b.row(name, "fused", t, bytes, [&] { y = kiln::sum(x * x, {0}); });
         b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
         check_close(name + " compiled", y, ref, 1e-5);
         // bench/hand_cpu.hpp: each of `t` parts of the rows into its own row of partials, then summed
-        Tensor h;
-        std::vector<float> part(static_cast<std::size_t>(t * cols));
         b.row(name, "hand", t, bytes, [&] {
             h = kiln::empty({cols});
             std::fill(part.begin(), part.end(), 0.0f);
@@ -563,10 +624,11 @@ void bench_softmax(Bench& b) {
     check_close(name + " fused", kiln::softmax(x), softmax_eager(x), 1e-6);
     for (int t : b.thread_counts()) {
         b.row(name, "eager", t, bytes, [&] { y = softmax_eager(x); });
-        b.row(name, "fused", t, bytes, [&] { y = kiln::softmax(x); });
         auto compiled = kiln::compile([](const Tensor& v) { return kiln::softmax(v); });
-        b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
         Tensor h;
+        const Bench::Interleaved together(b);  // the rows below timed in alternation
+        b.row(name, "fused", t, bytes, [&] { y = kiln::softmax(x); });
+        b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
         b.row(name, "hand", t, bytes, [&] {  // bench/hand_cpu.hpp
             const Tensor o = kiln::empty({rows, cols});
             kiln::detail::parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
@@ -603,13 +665,12 @@ void bench_layernorm(Bench& b) {
     check_close(name + " fused", kiln::layer_norm(x, 1, w, bias), layernorm_eager(x, w, bias), 1e-5);
     for (int t : b.thread_counts()) {
         b.row(name, "eager", t, bytes, [&] { y = layernorm_eager(x, w, bias); });
-        b.row(name, "fused", t, bytes, [&] { y = kiln::layer_norm(x, 1, w, bias); });
         auto compiled = kiln::compile([&](const Tensor& v) { return kiln::layer_norm(v, 1, w, bias); });
-        b.row(name, "compiled", t, bytes, [&] {
-            y = compiled(x);
-        });
-        check_close(name + " compiled", y, layernorm_eager(x, w, bias), 1e-5);
         Tensor h;
+        const Bench::Interleaved together(b);  // the rows below timed in alternation
+        b.row(name, "fused", t, bytes, [&] { y = kiln::layer_norm(x, 1, w, bias); });
+        b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
+        check_close(name + " compiled", y, layernorm_eager(x, w, bias), 1e-5);
         b.row(name, "hand", t, bytes, [&] {  // bench/hand_cpu.hpp
             const Tensor o = kiln::empty({rows, cols});
             kiln::detail::parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
