@@ -155,23 +155,29 @@ public:
 
     /// While one lives, row() makes each row's first call and warm-up at once and leaves its timing
     /// to the end of the scope, where the rows are timed in alternation: each round calls every
-    /// row's fn once, in turn, until each has min_time of repeats (and its min_repeats). The rows
-    /// compared against each other (kiln fused, compiled, the hand-written anchors) so see the same
-    /// machine: on a VM whose speed drifts within seconds, rows timed one after another do not.
-    /// The fns must stay callable until the scope ends.
+    /// row's fn once, in turn, until every row has min_time of repeats (and its min_repeats), so
+    /// the rows compared against each other (kiln fused, compiled, the hand-written anchors) see the
+    /// same machine: on a VM whose speed drifts within seconds, rows timed one after another do not.
+    /// Everything the fns use must be declared before the scope (it outlives them otherwise: they
+    /// are called in its destructor). Scopes do not nest.
     class Interleaved {
     public:
-        explicit Interleaved(Bench& b) : b_(b) { b_.interleaving_ = true; }
+        explicit Interleaved(Bench& b) : b_(b), unwinding_(std::uncaught_exceptions()) {
+            if (b_.interleaving_) throw std::logic_error("kiln_bench: Bench::Interleaved scopes do not nest");
+            b_.interleaving_ = true;
+        }
         Interleaved(const Interleaved&) = delete;
         Interleaved& operator=(const Interleaved&) = delete;
         ~Interleaved() noexcept(false) {
             b_.interleaving_ = false;
-            if (std::uncaught_exceptions() == 0) b_.time_queued();
-            b_.queued_.clear();
+            std::vector<Queued> q;
+            q.swap(b_.queued_);  // nothing queued outlives the scope, whatever happens below
+            if (std::uncaught_exceptions() == unwinding_) b_.time_queued(q);
         }
 
     private:
         Bench& b_;
+        int unwinding_;
     };
 
     /// Adds the row of one timed workload: times of the repeats and of the first call, in seconds.
@@ -396,26 +402,26 @@ private:
     bool interleaving_ = false;
     std::vector<Queued> queued_;
     /// Times the queued rows in alternation (Interleaved) and records them in queue order.
-    void time_queued() {
-        std::vector<std::vector<double>> times(queued_.size());
-        std::vector<double> spent(queued_.size(), 0);
-        auto done = [&](std::size_t i) {
-            return (static_cast<int>(times[i].size()) >= queued_[i].min_repeats && spent[i] >= opt_.min_time) || times[i].size() >= 2000;
-        };
-        for (bool all = queued_.empty(); !all;) {
-            all = true;
-            for (std::size_t i = 0; i < queued_.size(); ++i) {
-                if (done(i)) continue;
-                kiln::set_num_threads(queued_[i].threads);
+    /// Every round calls each row once (rows already done too, so the alternation holds to the
+    /// end), until each has min_time of repeats and its min_repeats, or 2000 rounds.
+    void time_queued(std::vector<Queued>& queued) {
+        std::vector<std::vector<double>> times(queued.size());
+        std::vector<double> spent(queued.size(), 0);
+        auto done = [&](std::size_t i) { return static_cast<int>(times[i].size()) >= queued[i].min_repeats && spent[i] >= opt_.min_time; };
+        for (int round = 0; round < 2000; ++round) {
+            bool all = true;
+            for (std::size_t i = 0; i < queued.size(); ++i) all = all && done(i);
+            if (all) break;
+            for (std::size_t i = 0; i < queued.size(); ++i) {
+                kiln::set_num_threads(queued[i].threads);
                 const auto t0 = Clock::now();
-                queued_[i].fn();
+                queued[i].fn();
                 times[i].push_back(seconds_since(t0));
                 spent[i] += times[i].back();
-                all = all && done(i);
             }
         }
-        for (std::size_t i = 0; i < queued_.size(); ++i)
-            record(queued_[i].workload, queued_[i].method, "cpu", queued_[i].threads, queued_[i].bytes, std::move(times[i]), queued_[i].first);
+        for (std::size_t i = 0; i < queued.size(); ++i)
+            record(queued[i].workload, queued[i].method, "cpu", queued[i].threads, queued[i].bytes, std::move(times[i]), queued[i].first);
     }
     std::vector<Row> rows_;
     std::map<int, double> copy_gbps_;
@@ -498,6 +504,7 @@ void bench_chain(Bench& b, const std::string& name, std::int64_t n) {
         ey = (ex * 1.5f + 0.5f).max(0.0f) * ex.logistic() - (ex * 0.1f).tanh() + (-ex * ex).exp();
         check_close(name + " eigen", eig, ref, 1e-5);
     }
+    Tensor h;  // the hand-written row's result
     for (int t : b.thread_counts()) {
         b.row(name, "eager", t, bytes, [&] { y = kiln::eager(chain_expr(x)); });
         auto compiled = kiln::compile([](const Tensor& v) { return Tensor(chain_expr(v)); });
@@ -521,10 +528,10 @@ void bench_chain(Bench& b, const std::string& name, std::int64_t n) {
             const float* px = x.data<float>();
             float* py = o.data<float>();
             kiln::detail::parallel_for(n, 1 << 16, [&](std::int64_t lo, std::int64_t hi) { kiln_bench_hand::chain_range(px, py, lo, hi); });
-            y = o;
+            h = o;
         });
     }
-    check_close(name + " hand", y, ref, 1e-5);
+    check_close(name + " hand", h, ref, 1e-5);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -542,11 +549,11 @@ void bench_bias_gelu(Bench& b) {
     for (int t : b.thread_counts()) {
         b.row(name, "eager", t, bytes, [&] { y = kiln::eager(kiln::gelu_tanh(x + bias)); });
         auto compiled = kiln::compile([&](const Tensor& v) { return Tensor(kiln::gelu_tanh(v + bias)); });
+        Tensor hs[2];  // the hand-written rows' results (declared before the scope: its rows use them)
         const Bench::Interleaved together(b);  // the rows below timed in alternation
         b.row(name, "fused", t, bytes, [&] { y = Tensor(kiln::gelu_tanh(x + bias)); });
         b.row(name, "compiled", t, bytes, [&] { y = compiled(x); });
         // the hand-written anchors (bench/hand_cpu.hpp): an xsimd loop and an Eigen loop per row
-        Tensor hs[2];
         for (const bool eigen : {false, true}) {
             Tensor* const h = &hs[eigen ? 1 : 0];  // (the fn outlives this iteration: timed at the scope's end)
             b.row(name, eigen ? "eigen_rows" : "hand", t, bytes, [&, h, eigen] {

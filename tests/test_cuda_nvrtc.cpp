@@ -4,6 +4,7 @@
 #include <kiln/backends/cuda/nvrtc.hpp>
 #include <kiln/backends/cuda/kernel_cache.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -152,6 +153,28 @@ TEST_CASE("cuda_nvrtc: an elementwise kernel compiles to an ELF cubin for sm_80 
     CHECK(c80 != c90);
     // compile_to_cubin itself never caches.
     CHECK(count_files(tmp.root / "cubin", ".cubin") == 0);
+}
+
+TEST_CASE("cuda_nvrtc: kiln's programs leave out the runtime's declarations (-minimal) unless a caller keeps them") {
+    TempCacheDir tmp;
+    // cudaStream_t is one of the runtime's types -minimal leaves out (NVRTC 12.4 on)
+    const std::string src = "extern \"C\" __global__ void k(float* p) { cudaStream_t s = nullptr; p[threadIdx.x] = s ? 1.0f : 0.0f; }\n";
+    const std::vector<std::string> full{kiln::cuda::full_declarations};
+    CHECK(is_elf(kiln::cuda::compile_to_cubin(src, "runtime_types", 90, full)));  // the pseudo-flag is not passed to NVRTC
+    if (kiln::cuda::nvrtc_version() >= 12040) {
+        CHECK_THROWS_AS((void)kiln::cuda::compile_to_cubin(src, "runtime_types", 90), kiln::CompileError);
+        // the flag is part of the cache key: the cache compiles each form of the program
+        CHECK(kiln::cache::kernel_key(src, 90, full) != kiln::cache::kernel_key(src, 90));
+    } else {
+        CHECK(is_elf(kiln::cuda::compile_to_cubin(src, "runtime_types", 90)));
+    }
+    // kiln's own options: -minimal where NVRTC takes it, then the caller's flags
+    const std::vector<std::string> opts = kiln::cuda::detail::nvrtc_options(90, {"-lineinfo"});
+    CHECK(std::count(opts.begin(), opts.end(), std::string("-minimal")) == (kiln::cuda::nvrtc_version() >= 12040 ? 1 : 0));
+    CHECK(opts.back() == "-lineinfo");
+    const std::vector<std::string> kept = kiln::cuda::detail::nvrtc_options(90, full);
+    CHECK(std::count(kept.begin(), kept.end(), std::string("-minimal")) == 0);
+    CHECK(std::count(kept.begin(), kept.end(), std::string(kiln::cuda::full_declarations)) == 0);
 }
 
 TEST_CASE("cuda_nvrtc: a syntax error throws CompileError with the log and the saved source; nothing is cached") {

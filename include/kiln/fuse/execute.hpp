@@ -33,6 +33,9 @@ public:
     /// Whether every step so far has been issued, so that a value dropped now is not read later by
     /// a kernel still waiting to be issued.
     virtual bool issued() const { return true; }
+    /// Whether library calls only queue their work (a device's stream), so that their host time is
+    /// their setup (a first call's plans) rather than the work itself.
+    virtual bool asynchronous() const { return false; }
     /// The tensor node `id` (of the given shape and dtype) is written into: a planned buffer bound
     /// in vals, or new memory on the device.
     virtual Tensor output(std::vector<Tensor>& vals, int id, const Shape& shape, DType dtype) = 0;
@@ -108,7 +111,7 @@ inline std::vector<Tensor> execute(const ir::Graph& g, const Plan& plan, const M
                 const auto t_call = std::chrono::steady_clock::now();
                 vals[static_cast<std::size_t>(G.outputs[0])] = ir::run_call(g[G.outputs[0]], vals);
                 if (const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
-                    ms > 1 && debug::log_on("compile_times"))  // a first call's plans (cuDNN's, cuBLASLt's)
+                    ms > 1 && s.asynchronous() && debug::log_on("compile_times"))  // a first call's plans (cuDNN's, cuBLASLt's)
                     debug::log("compile_times", "call " + g[G.outputs[0]].call->key + ": " + std::to_string(ms) + " ms on the host");
                 break;
             }

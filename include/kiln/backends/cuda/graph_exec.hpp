@@ -333,8 +333,8 @@ public:
         const auto t0 = std::chrono::steady_clock::now();
         const std::vector<CUfunction> fs = kernel_functions(texts, device_);
         if (!texts.empty() && debug::log_on("compile_times"))
-            debug::log("compile_times", "compile wave: " + std::to_string(texts.size()) + " kernel(s) for " + std::to_string(pending_.size()) +
-                                            " launch(es) in " +
+            debug::log("compile_times", "compile wave: " + std::to_string(texts.size()) + " kernel(s) not loaded yet (compiled, or read from the " +
+                                            "disk cache) for " + std::to_string(pending_.size()) + " waiting launch(es), in " +
                                             std::to_string(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()) +
                                             " ms");
         for (std::size_t j = 0; j < which.size(); ++j) pending_[which[j]].memo->insert(pending_[which[j]].key, fs[j]);
@@ -1072,6 +1072,7 @@ public:
     }
     void flush() override { L_.flush(); }
     bool issued() const override { return L_.idle(); }
+    bool asynchronous() const override { return true; }
     Tensor output(std::vector<Tensor>&, int, const Shape& shape, DType dtype) override { return new_on(shape, dtype, device_); }
     bool on_device(const Tensor& t) const override { return t.device() == Device::cuda(device_); }
     void wait() override { synchronize(device_); }

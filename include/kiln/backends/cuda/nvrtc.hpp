@@ -30,18 +30,27 @@ namespace kiln::cuda {
 
 inline int nvrtc_version();
 
+/// A flag for compile_to_cubin / compile_to_ptx / cache::cubin_for (not passed to NVRTC): the
+/// program keeps NVRTC's full declarations (no -minimal): for a source that uses the runtime's or
+/// driver's types, textures or device-side launches.
+inline constexpr const char* full_declarations = "--kiln-full-declarations";
+
 namespace detail {
 
 /// The options NVRTC gets for sm_<arch>: kiln's defaults, then `extra_flags`. No --use_fast_math:
 /// kiln's kernels must match the CPU backend's numerics unless a caller asks otherwise. From
 /// NVRTC 12.4 on, -minimal, which leaves out of every program the declarations kiln's kernels do
 /// not use (textures and surfaces, the runtime's device functions, device-side launches, the
-/// runtime's and driver's types): a program's fixed cost, 34 -> 27 ms for an empty kernel and
-/// 79 -> 71 ms for a small strided elementwise kernel here (NVRTC 13.0, cubin for sm_90).
+/// runtime's and driver's types): 31.6 -> 25.5 ms for an empty kernel, 57.4 -> 54.0 ms for a small
+/// strided elementwise kernel (NVRTC 13.0, sm_90 cubins, the dev VM, 2026-12-07), unless
+/// `extra_flags` holds kiln::cuda::full_declarations (a source of one's own that needs them).
 inline std::vector<std::string> nvrtc_options(int arch, const std::vector<std::string>& extra_flags) {
     std::vector<std::string> opts = {"-arch=sm_" + std::to_string(arch), "--std=c++17", "-default-device"};
-    if (nvrtc_version() >= 12040) opts.push_back("-minimal");
-    opts.insert(opts.end(), extra_flags.begin(), extra_flags.end());
+    bool minimal = nvrtc_version() >= 12040;
+    for (const std::string& f : extra_flags)
+        if (f == full_declarations) minimal = false;
+        else opts.push_back(f);
+    if (minimal) opts.insert(opts.begin() + 3, "-minimal");
     return opts;
 }
 
@@ -187,8 +196,10 @@ inline std::string nvrtc_compile(const std::string& source, const std::string& n
 
 }  // namespace detail
 
-/// Compiles self-contained CUDA C++ `source` to a cubin for sm_<arch> (no cache: see kiln::cache::cubin_for).
-/// Throws CompileError with the NVRTC log and the path of the saved source, or DeviceError without NVRTC.
+/// Compiles self-contained CUDA C++ `source` to a cubin for sm_<arch> (no cache: see kiln::cache::cubin_for),
+/// with kiln's options (detail::nvrtc_options: -minimal from NVRTC 12.4 on, unless `extra_flags`
+/// holds full_declarations). Throws CompileError with the NVRTC log and the path of the saved
+/// source, or DeviceError without NVRTC.
 inline std::string compile_to_cubin(const std::string& source, const std::string& name, int arch,
                                     const std::vector<std::string>& extra_flags = {}) {
     return detail::nvrtc_compile(source, name, arch, extra_flags, false);
