@@ -727,6 +727,37 @@ TEST_CASE("explain() reports graphs, breaks, kernels; DOT export has one cluster
     CHECK(dot.find("matmul(") != std::string::npos);
 }
 
+TEST_CASE("KILN_LOGS=compile_times: a compile's phases; on the CPU no compile waves and no library-call lines") {
+    // (the CPU runs each library call where it comes, so its host time is the work, not plans:
+    // those lines are CUDA's, test_cuda_ops.cpp; the gather here takes over 1 ms on the CPU)
+    const Tensor x = kiln::randn({512, 4096}), table = kiln::randn({256, 4096});
+    const Tensor ids = kiln::randint(0, 256, {512, 4096}, kiln::DType::i64);
+    std::vector<std::string> lines;
+    kiln::debug::Logs::instance().set_sink([&](const std::string& l) { lines.push_back(l); });
+    kiln::debug::Logs::instance().set("compile_times");
+    auto f = kiln::compile([](const Tensor& a, const Tensor& t, const Tensor& i) {
+        return Tensor(kiln::exp(kiln::gather(Tensor(t * 3.25), 0, i)) + a);  // a library call between two kernels
+    });
+    const Tensor y = f(x, table, ids);
+    (void)f(x, table, ids);
+    kiln::debug::Logs::instance().set("");
+    kiln::debug::Logs::instance().set_sink({});
+    CHECK(kiln_test::maxdiff(y, Tensor(kiln::exp(kiln::gather(Tensor(table * 3.25), 0, ids)) + x)) < 1e-5);
+    int compiles = 0;
+    for (const std::string& l : lines) {
+        INFO(l);
+        CHECK(l.rfind("[kiln:compile_times] ", 0) == 0);
+        CHECK(l.find("compile wave") == std::string::npos);
+        CHECK(l.find("] call ") == std::string::npos);
+        compiles += l.find("compile of ") != std::string::npos ? 1 : 0;
+        if (l.find("compile of ") != std::string::npos) {
+            CHECK(l.find("trace ") != std::string::npos);
+            CHECK(l.find("first run (host side) ") != std::string::npos);
+        }
+    }
+    CHECK(compiles == 1);  // the first call only
+}
+
 TEST_CASE("memory planning: a steady-state call allocates only its outputs; dead intermediates share buffers") {
     const Tensor x = kiln::randn({64, 128}), w = kiln::randn({128, 128});
     // several materialized intermediates: a matmul operand, values read by two row groups...

@@ -1157,3 +1157,35 @@ TEST_CASE("cuda: optimizer steps over many parameters (a kernel per parameter, j
         CHECK(joined >= 4);
     }
 }
+
+TEST_CASE("cuda: KILN_LOGS=compile_times logs the first run's compile waves and no waves once the kernels are loaded" *
+          doctest::skip(kiln_test::no_cuda())) {
+    const Tensor x = cu(randn({8, 16})), table = cu(randn({10, 16}));
+    const Tensor ids = cu(randint(0, 10, {8, 16}, DType::i64));
+    // constants no other test uses: kernel texts not in the memory cache yet (the disk cache may
+    // hold them: a wave also counts kernels read from there)
+    auto f = compile([](const Tensor& a, const Tensor& t, const Tensor& i) {
+        return Tensor(kiln::exp(kiln::gather(Tensor(t * 3.8125), 0, i)) * 1.0625 + a);  // a library call between two kernels
+    });
+    std::vector<std::string> lines;
+    debug::Logs::instance().set_sink([&](const std::string& l) { lines.push_back(l); });
+    debug::Logs::instance().set("compile_times");
+    const Tensor y = f(x, table, ids);
+    const std::size_t first = lines.size();
+    (void)f(x, table, ids);
+    debug::Logs::instance().set("");
+    debug::Logs::instance().set_sink(nullptr);
+    const Tensor xc = x.cpu(), tc = table.cpu(), ic = ids.cpu();
+    CHECK(kiln_test::maxdiff(y.cpu(), Tensor(kiln::exp(kiln::gather(Tensor(tc * 3.8125), 0, ic)) * 1.0625 + xc)) < 1e-5);
+    int waves = 0, compiles = 0;
+    for (std::size_t k = 0; k < lines.size(); ++k) {
+        INFO(lines[k]);
+        const bool wave = lines[k].find("compile wave: ") != std::string::npos;
+        waves += wave ? 1 : 0;
+        compiles += lines[k].find("compile of ") != std::string::npos ? 1 : 0;
+        CHECK((!wave || k < first));  // the second call finds every kernel loaded
+        if (wave) CHECK(std::atoi(lines[k].c_str() + lines[k].find("compile wave: ") + 14) >= 1);
+    }
+    CHECK(waves >= 1);
+    CHECK(compiles == 1);
+}
