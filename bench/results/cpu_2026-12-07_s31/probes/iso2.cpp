@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <vector>
 #include <cstdlib>
 using GroupFn = void (*)(void* const*, const std::int64_t*, const std::int64_t*, const double*, std::int64_t, std::int64_t);
@@ -25,7 +26,11 @@ int main() {
     std::int64_t shape[1] = {n}, strides[2] = {1, 1};
     double sc[1] = {0};
     for (int rep = 0; rep < 4; ++rep) {
-        for (int mode = 0; mode < 2; ++mode) {
+        // ORDER: the loops of one round, 0 generated and 1 inline ("01" by default; the README's
+        // runs also used "10" and "0011010")
+        const std::string order = std::getenv("ORDER") ? std::getenv("ORDER") : "01";
+        for (const char m : order) {
+            const int mode = m == '0' ? 0 : 1;
             std::fill(acc, acc + cols, 0.f);
             auto t0 = std::chrono::steady_clock::now();
             for (std::int64_t r = 0; r < rows; ++r)

@@ -382,6 +382,20 @@ inline constexpr int combo_slots = 511;
 /// Slots one segment of a combo launch takes for a kernel with `pointers` pointer parameters.
 inline int combo_segment_slots(int pointers) { return pointers + 2; }
 
+/// Lines declaring `c<d>` (with prefix `coord`), the coordinates of index `var` over the sizes
+/// `size`<0..rank-1> (row-major), consuming `var`. The index is below the sizes' product, so what is
+/// left at the outermost dim is already below its size: no remainder there, one division fewer.
+inline std::string coordinate_lines(const std::string& indent, const std::string& var, const std::string& size, const std::string& coord,
+                                    int rank) {
+    std::string c;
+    for (int d = rank - 1; d >= 0; --d) {
+        const std::string zd = "(idx_t)" + size + std::to_string(d);
+        c += indent + "const idx_t " + coord + std::to_string(d) + " = " + (d > 0 ? var + " % " + zd + "; " + var + " /= " + zd + ";" : var + ";");
+        c += "\n";
+    }
+    return c;
+}
+
 /// Kernel parameters, in order: leaf pointers, the outputs' pointers, n, sizes[rank], then per strided or
 /// inner leaf its strides[rank], then (out_strided) the output's strides[rank]. Every parameter is 8 bytes. Each thread handles UNROLL vectors of
 /// VEC elements per grid-stride step, issuing all their loads before computing. The multi form
@@ -440,16 +454,8 @@ inline KernelText elementwise_kernel(const ir::Graph& g, const fuse::Group& G, c
     s += "  const idx_t nvec = (idx_t)(n / " + Vs + ");\n";
     s += "  const idx_t step = (idx_t)" + nblk + " * blockDim.x;\n";
     s += "  for (idx_t t0 = (idx_t)" + bid + " * blockDim.x + threadIdx.x; t0 < nvec; t0 += step * " + Us + ") {\n";
-    auto coords = [&](const std::string& at, const std::string& pre) {
-        // (at < n, the sizes' product: what is left at the outermost dim is below its size, so
-        // it takes no remainder, one division fewer per element)
-        std::string c = "      { idx_t r_ = " + at + ";\n";
-        for (int d = R - 1; d >= 0; --d) {
-            const std::string zd = "(idx_t)z" + std::to_string(d);
-            c += "        const idx_t " + pre + std::to_string(d) + " = " + (d > 0 ? "r_ % " + zd + "; r_ /= " + zd + ";" : std::string("r_;"));
-            c += "\n";
-        }
-        return c;
+    auto coords = [&](const std::string& at, const std::string& pre) {  // (at < n, the sizes' product)
+        return "      { idx_t r_ = " + at + ";\n" + coordinate_lines("        ", "r_", "z", pre, R);
     };
     auto offset = [&](std::size_t k, const std::string& pre) {
         std::string o = "(idx_t)0";
@@ -562,11 +568,7 @@ inline std::string row_params(const std::vector<Access>& inner_access, int Ro, i
 /// `b_[k]`: where row r starts in operand k, from r's outer coordinates.
 inline std::string row_bases(std::size_t nops, int Ro) {
     std::string s = "    idx_t b_[" + std::to_string(std::max<std::size_t>(nops, 1)) + "];\n    { idx_t q_ = r;\n";
-    for (int d = Ro - 1; d >= 0; --d) {  // (r < rows, the outer sizes' product: no remainder at the outermost dim)
-        const std::string zd = "(idx_t)zo" + std::to_string(d);
-        s += "      const idx_t c" + std::to_string(d) + " = " + (d > 0 ? "q_ % " + zd + "; q_ /= " + zd + ";" : std::string("q_;"));
-        s += "\n";
-    }
+    s += coordinate_lines("      ", "q_", "zo", "c", Ro);  // (r < rows, the outer sizes' product)
     for (std::size_t k = 0; k < nops; ++k) {
         std::string o = "(idx_t)0";
         for (int d = 0; d < Ro; ++d) o += " + c" + std::to_string(d) + " * (idx_t)so" + std::to_string(k) + "_" + std::to_string(d);
