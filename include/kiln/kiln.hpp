@@ -4,7 +4,7 @@
 #include "kiln/backends/cuda/allocator.hpp"
 #include "kiln/autograd/autograd.hpp"
 #include "kiln/backends/cuda/copy.hpp"
-#include "kiln/backends/cuda/graphs.hpp"  // cuda::graph_stats: what reduce_overhead replays
+#include "kiln/backends/cuda/graph_stats.hpp"
 #include "kiln/compile.hpp"
 #include "kiln/core/allocator.hpp"
 #include "kiln/core/device.hpp"
@@ -15,6 +15,7 @@
 #include "kiln/core/random.hpp"
 #include "kiln/core/shape.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/debug/logs.hpp"
 #include "kiln/ops/evaluate.hpp"
 #include "kiln/ops/composites.hpp"
 #include "kiln/ops/copy.hpp"

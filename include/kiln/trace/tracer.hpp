@@ -80,13 +80,10 @@ public:
     /// Runs a segment: the graph and the concrete tensors of its inputs; returns its outputs.
     using SegmentRunner = std::function<std::vector<Tensor>(const ir::Graph&, const std::vector<Tensor>&)>;
 
-    Tracer(SegmentRunner run, bool fullgraph) : run_(std::move(run)), fullgraph_(fullgraph), id_(next_id()),
-                                                first_storage_(kiln::detail::Storage::next_serial()) {}
+    KILN_DECL Tracer(SegmentRunner run, bool fullgraph);
     Tracer(const Tracer&) = delete;
     Tracer& operator=(const Tracer&) = delete;
-    ~Tracer() {
-        if (hooked_) kiln::detail::pending_writes_hook() = nullptr;
-    }
+    KILN_DECL ~Tracer();
 
     /// The tracer of this thread's traced call, or nullptr.
     static Tracer*& active() {
@@ -104,19 +101,11 @@ public:
     Tensor input(const Tensor& concrete, int arg = -1);
 
     /// A tracing tensor for node `id` of the current segment (a new value: its own base).
-    Tensor make(int id) {
-        const ir::Node& n = graph_[id];
-        auto b = new_base(id, n.shape, n.dtype);
-        return view_of(b, b->shape, contiguous_strides(b->shape), 0);
-    }
+    KILN_DECL Tensor make(int id);
 
     /// A traced view of t's base (a movement op on a tracing tensor). Its node is made now, as
     /// every op's is (and again when a write gives the base a new value).
-    Tensor view(const Tensor& t, const Shape& shape, const Strides& strides, std::int64_t offset, unsigned fixed) {
-        const Tensor v = view_of(checked(t)->base, shape, strides, offset, fixed);
-        (void)node_of(v);
-        return v;
-    }
+    KILN_DECL Tensor view(const Tensor& t, const Shape& shape, const Strides& strides, std::int64_t offset, unsigned fixed);
 
     /// A traced copy of t (clone, contiguous): a new base holding a copy of t's current value, in
     /// memory of its own when it leaves the program (ops::Copy, which passes keep).
@@ -125,23 +114,12 @@ public:
     /// The node that stands for t in the current segment (adding an input, constant or view if needed).
     int node_of(const Tensor& t);
 
-    int scalar(double value, DType dtype) {
-        ir::Node n;
-        n.kind = ir::Kind::scalar;
-        n.value = value;
-        n.dtype = dtype;
-        return graph_.add(std::move(n));
-    }
+    KILN_DECL int scalar(double value, DType dtype);
 
     /// Whether a write into dst must be recorded (functionalized) rather than done at once: dst is
     /// traced, or it is memory from outside the trace (a captured tensor: the program writes it on
     /// every call), or memory the trace already wrote into.
-    bool records_write_into(const Tensor& dst) const {
-        if (dst.is_traced()) return true;
-        if (!dst.storage()) return false;
-        return dst.storage()->serial() < first_storage_ || storage_bases_.count(dst.storage().get()) != 0 ||
-               adopted_.count(dst.storage().get()) != 0;
-    }
+    KILN_DECL bool records_write_into(const Tensor& dst) const;
 
     /// Whether the trace wrote into t's memory (a concrete tensor): reading it must be recorded too.
     bool wrote(const Tensor& t) const { return !t.is_traced() && written_storage(t) != nullptr; }
@@ -150,11 +128,7 @@ public:
     /// its memory, or it is memory from outside the trace of a tensor that requires grad (a
     /// parameter, or a detached view of one: a training step writes it later in the same trace, so
     /// a value computed from it now would be stale on the next call).
-    bool live(const Tensor& t) const {
-        if (!t.defined() || t.is_traced()) return false;
-        if (written_storage(t) != nullptr) return true;
-        return t.storage() && (t.requires_grad() || t.storage()->grad_memory()) && t.storage()->serial() < first_storage_;
-    }
+    KILN_DECL bool live(const Tensor& t) const;
 
     /// Treats concrete memory made during the trace as memory from outside it: the program reads it
     /// and writes it back on every call, as a captured tensor (state that must outlive the call,
@@ -169,10 +143,7 @@ public:
     void write(const Tensor& dst, int value, const std::source_location& loc, std::string_view op = "assign");
 
     /// Graph break: runs the current segment and returns the concrete tensor t stands for.
-    Tensor materialize(const Tensor& t, const std::source_location& loc, const std::string& reason) {
-        flush_for_break(loc, reason);
-        return concrete_of(t);
-    }
+    KILN_DECL Tensor materialize(const Tensor& t, const std::source_location& loc, const std::string& reason);
 
     /// The concrete tensor of a traced t whose base was computed by an earlier segment (undefined
     /// otherwise): a view of the base's concrete value.
@@ -193,13 +164,7 @@ public:
 
     /// Makes `outs` the graph's outputs, in order; `own` and `memory` receive each one's
     /// returns_own_memory and memory_of (what copy_aliased_outputs needs).
-    void set_outputs(const std::vector<Tensor>& outs, std::vector<char>& own, std::vector<const void*>& memory) {
-        for (const Tensor& t : outs) {
-            graph_.outputs.push_back(node_of(t));
-            own.push_back(returns_own_memory(t));
-            memory.push_back(memory_of(t));
-        }
-    }
+    KILN_DECL void set_outputs(const std::vector<Tensor>& outs, std::vector<char>& own, std::vector<const void*>& memory);
 
     /// Which memory a result is in eager: its traced base, or a concrete tensor's storage. Two
     /// results with one identity alias (y and y.t()); results with different ones never may, even
@@ -242,33 +207,18 @@ private:
     /// (the first one on a GPU).
     Device device_of_node(int id);
     std::shared_ptr<Base> new_base(int node, const Shape& shape, DType dtype);
-    Tensor view_of(const std::shared_ptr<Base>& b, const Shape& shape, const Strides& strides, std::int64_t offset,
-                   unsigned fixed = 0) {
-        auto v = std::make_shared<Value>();
-        v->tracer = id_;
-        v->base = b;
-        v->fixed = fixed;
-        return Tensor::make_traced(std::move(v), shape, strides, offset, b->dtype);
-    }
+    KILN_DECL Tensor view_of(const std::shared_ptr<Base>& b, const Shape& shape, const Strides& strides, std::int64_t offset,
+                             unsigned fixed = 0);
     int input_node(const Tensor& concrete);
     /// Gives b a node in the current segment: a base computed by an earlier segment comes in as
     /// an input bound to its concrete value.
-    void current(Base& b) {
-        if (b.segment == segment_) return;
-        if (!b.concrete.defined()) throw InternalError("kiln: tracer: a value from an earlier segment was never computed");
-        b.node = b.own_node = input_node(b.concrete);
-        b.segment = segment_;
-    }
+    KILN_DECL void current(Base& b);
     int view_node(int of, const Shape& shape, const Strides& strides, std::int64_t offset, DType dtype, unsigned fixed = 0);
     /// The base standing for the storage of concrete tensor t (memory outside the function, or
     /// made by it before this point), created on the first write: the whole storage as a 1-D tensor
     /// of t's dtype, read at run time; t is a strided view of it.
     std::shared_ptr<Base> storage_base(const Tensor& t);
-    std::shared_ptr<Base> written_storage(const Tensor& t) const {
-        if (!t.storage()) return nullptr;
-        auto it = storage_bases_.find(t.storage().get());
-        return it == storage_bases_.end() ? nullptr : it->second;
-    }
+    KILN_DECL std::shared_ptr<Base> written_storage(const Tensor& t) const;
     void flush_for_break(const std::source_location& loc, const std::string& reason);
 
     SegmentRunner run_;
@@ -300,28 +250,17 @@ private:
     Tracer* prev_;
 };
 
-inline Tracer& tracer_of(const Tensor& t, const std::source_location& loc) {
-    Tracer* tr = Tracer::active();
-    if (tr == nullptr || tr->id() != t.traced_value()->tracer)
-        kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
-    return *tr;
-}
+KILN_DECL Tracer& tracer_of(const Tensor& t, const std::source_location& loc);
 
-inline Tensor materialize(const Tensor& t, const std::source_location& loc, const char* what) {
-    Tracer& tr = tracer_of(t, loc);
-    if (Tensor c = tr.concrete_of(t); c.defined()) return c;
-    return tr.materialize(t, loc, what);
-}
+KILN_DECL Tensor materialize(const Tensor& t, const std::source_location& loc, const char* what);
 
 inline Device device_of(const Tensor& t) { return t.traced_value()->base->device; }
 
-inline Tensor record_view(const Tensor& src, const Tensor& view, unsigned fixed) {
-    return tracer_of(src, std::source_location::current()).view(src, view.shape(), view.strides(), view.offset(), fixed);
-}
+KILN_DECL Tensor record_view(const Tensor& src, const Tensor& view, unsigned fixed);
 
 inline unsigned fixed_dims(const Tensor& t) { return t.traced_value()->fixed; }
 
-inline Tensor copy(const Tensor& t, const std::source_location& loc) { return tracer_of(t, loc).copy(t); }
+KILN_DECL Tensor copy(const Tensor& t, const std::source_location& loc);
 
 // ---------------------------------------------------------------- expressions
 namespace detail {
@@ -365,18 +304,8 @@ KILN_DECL Tensor record_reduce(const expr::Flat& f, ir::Kind kind, ir::ReduceKin
                                const Shape& out_shape, DType out_dtype, const std::source_location& loc, double correction = 0);
 
 /// Records a matrix product with a tracing operand.
-inline Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_shape, DType out_dtype,
-                            const std::source_location& loc) {
-    Tracer* tr = Tracer::active();
-    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
-    ir::Node n;
-    n.kind = ir::Kind::matmul;
-    n.shape = out_shape;
-    n.dtype = out_dtype;
-    n.loc = loc;
-    n.in = {tr->node_of(a), tr->node_of(b)};
-    return tr->make(tr->graph().add(std::move(n)));
-}
+KILN_DECL Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_shape, DType out_dtype,
+                               const std::source_location& loc);
 
 /// Whether work reading t must be recorded into the active trace rather than done now: t is a
 /// tracing tensor, or live for the trace (Tracer::live).
@@ -391,26 +320,8 @@ inline bool recorded(const Tensor& t) {
 /// with the operands it has there), otherwise at once.
 /// `every_call`: record it whenever a trace is active, even over concrete operands (an op whose
 /// result must differ per call, such as a random draw).
-inline Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Tensor>& operands, DType out_dtype,
-                      const std::source_location& loc, bool every_call = false) {
-    Tracer* tr = Tracer::active();
-    bool traced = every_call && tr != nullptr;
-    for (const Tensor& t : operands) traced = traced || recorded(t);
-    if (!traced) return op->run(operands);
-    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
-    ir::Node n;
-    n.kind = ir::Kind::call;
-    std::vector<Shape> shapes;
-    for (const Tensor& t : operands) {
-        n.in.push_back(tr->node_of(t));
-        shapes.push_back(t.shape());
-    }
-    n.shape = op->shape(shapes);
-    n.dtype = out_dtype;
-    n.loc = loc;
-    n.call = std::move(op);
-    return tr->make(tr->graph().add(std::move(n)));
-}
+KILN_DECL Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Tensor>& operands, DType out_dtype,
+                         const std::source_location& loc, bool every_call = false);
 
 }  // namespace kiln::trace
 

@@ -9,6 +9,134 @@
 
 namespace kiln::trace {
 
+KILN_DECL Tracer::Tracer(SegmentRunner run, bool fullgraph)
+    : run_(std::move(run)), fullgraph_(fullgraph), id_(next_id()), first_storage_(kiln::detail::Storage::next_serial()) {}
+
+KILN_DECL Tracer::~Tracer() {
+    if (hooked_) kiln::detail::pending_writes_hook() = nullptr;
+}
+
+KILN_DECL Tensor Tracer::make(int id) {
+    const ir::Node& n = graph_[id];
+    auto b = new_base(id, n.shape, n.dtype);
+    return view_of(b, b->shape, contiguous_strides(b->shape), 0);
+}
+
+KILN_DECL Tensor Tracer::view(const Tensor& t, const Shape& shape, const Strides& strides, std::int64_t offset, unsigned fixed) {
+    const Tensor v = view_of(checked(t)->base, shape, strides, offset, fixed);
+    (void)node_of(v);
+    return v;
+}
+
+KILN_DECL int Tracer::scalar(double value, DType dtype) {
+    ir::Node n;
+    n.kind = ir::Kind::scalar;
+    n.value = value;
+    n.dtype = dtype;
+    return graph_.add(std::move(n));
+}
+
+KILN_DECL bool Tracer::records_write_into(const Tensor& dst) const {
+    if (dst.is_traced()) return true;
+    if (!dst.storage()) return false;
+    return dst.storage()->serial() < first_storage_ || storage_bases_.count(dst.storage().get()) != 0 ||
+           adopted_.count(dst.storage().get()) != 0;
+}
+
+KILN_DECL bool Tracer::live(const Tensor& t) const {
+    if (!t.defined() || t.is_traced()) return false;
+    if (written_storage(t) != nullptr) return true;
+    return t.storage() && (t.requires_grad() || t.storage()->grad_memory()) && t.storage()->serial() < first_storage_;
+}
+
+KILN_DECL Tensor Tracer::materialize(const Tensor& t, const std::source_location& loc, const std::string& reason) {
+    flush_for_break(loc, reason);
+    return concrete_of(t);
+}
+
+KILN_DECL void Tracer::set_outputs(const std::vector<Tensor>& outs, std::vector<char>& own, std::vector<const void*>& memory) {
+    for (const Tensor& t : outs) {
+        graph_.outputs.push_back(node_of(t));
+        own.push_back(returns_own_memory(t));
+        memory.push_back(memory_of(t));
+    }
+}
+
+KILN_DECL Tensor Tracer::view_of(const std::shared_ptr<Base>& b, const Shape& shape, const Strides& strides, std::int64_t offset,
+                                 unsigned fixed) {
+    auto v = std::make_shared<Value>();
+    v->tracer = id_;
+    v->base = b;
+    v->fixed = fixed;
+    return Tensor::make_traced(std::move(v), shape, strides, offset, b->dtype);
+}
+
+KILN_DECL void Tracer::current(Base& b) {
+    if (b.segment == segment_) return;
+    if (!b.concrete.defined()) throw InternalError("kiln: tracer: a value from an earlier segment was never computed");
+    b.node = b.own_node = input_node(b.concrete);
+    b.segment = segment_;
+}
+
+KILN_DECL std::shared_ptr<Base> Tracer::written_storage(const Tensor& t) const {
+    if (!t.storage()) return nullptr;
+    auto it = storage_bases_.find(t.storage().get());
+    return it == storage_bases_.end() ? nullptr : it->second;
+}
+
+KILN_DECL Tracer& tracer_of(const Tensor& t, const std::source_location& loc) {
+    Tracer* tr = Tracer::active();
+    if (tr == nullptr || tr->id() != t.traced_value()->tracer)
+        kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+    return *tr;
+}
+
+KILN_DECL Tensor materialize(const Tensor& t, const std::source_location& loc, const char* what) {
+    Tracer& tr = tracer_of(t, loc);
+    if (Tensor c = tr.concrete_of(t); c.defined()) return c;
+    return tr.materialize(t, loc, what);
+}
+
+KILN_DECL Tensor record_view(const Tensor& src, const Tensor& view, unsigned fixed) {
+    return tracer_of(src, std::source_location::current()).view(src, view.shape(), view.strides(), view.offset(), fixed);
+}
+
+KILN_DECL Tensor copy(const Tensor& t, const std::source_location& loc) { return tracer_of(t, loc).copy(t); }
+
+KILN_DECL Tensor record_matmul(const Tensor& a, const Tensor& b, const Shape& out_shape, DType out_dtype,
+                               const std::source_location& loc) {
+    Tracer* tr = Tracer::active();
+    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+    ir::Node n;
+    n.kind = ir::Kind::matmul;
+    n.shape = out_shape;
+    n.dtype = out_dtype;
+    n.loc = loc;
+    n.in = {tr->node_of(a), tr->node_of(b)};
+    return tr->make(tr->graph().add(std::move(n)));
+}
+
+KILN_DECL Tensor call_op(std::shared_ptr<const ir::CallOp> op, const std::vector<Tensor>& operands, DType out_dtype,
+                         const std::source_location& loc, bool every_call) {
+    Tracer* tr = Tracer::active();
+    bool traced = every_call && tr != nullptr;
+    for (const Tensor& t : operands) traced = traced || recorded(t);
+    if (!traced) return op->run(operands);
+    if (tr == nullptr) kiln::detail::fail<Error>("compile", "a tracing tensor was used outside its traced call", loc);
+    ir::Node n;
+    n.kind = ir::Kind::call;
+    std::vector<Shape> shapes;
+    for (const Tensor& t : operands) {
+        n.in.push_back(tr->node_of(t));
+        shapes.push_back(t.shape());
+    }
+    n.shape = op->shape(shapes);
+    n.dtype = out_dtype;
+    n.loc = loc;
+    n.call = std::move(op);
+    return tr->make(tr->graph().add(std::move(n)));
+}
+
 KILN_DECL Tensor Tracer::input(const Tensor& concrete, int arg) {
     auto b = new_base(input_node(concrete), concrete.shape(), concrete.dtype());
     b->own_node = b->node;

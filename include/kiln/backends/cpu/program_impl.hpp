@@ -8,6 +8,93 @@
 
 namespace kiln::detail {
 
+namespace program_detail {
+
+inline Plan plan(const TileProgram& p) {
+    Plan pl;
+    const int nv = p.instr_value(static_cast<int>(p.instrs.size()));
+    std::vector<DType> produced(static_cast<std::size_t>(nv), DType::boolean);  // ct a node value is born in
+    auto slot_of = [&](int value, DType ct) -> int {
+        for (std::size_t s = 0; s < pl.slots.size(); ++s)
+            if (pl.slots[s].value == value && pl.slots[s].ct == ct) return static_cast<int>(s);
+        pl.slots.push_back({value, ct});
+        const int s = static_cast<int>(pl.slots.size() - 1);
+        const int nl = static_cast<int>(p.leaves.size()), ns = static_cast<int>(p.scalars.size());
+        if (value < nl) {
+            pl.steps.push_back({Step::gather, s, value});
+        } else if (value < nl + ns) {
+            pl.steps.push_back({Step::fill, s, value - nl});
+        } else if (produced[static_cast<std::size_t>(value)] != ct) {
+            // a node value needed in another compute type: convert from the slot it was born in
+            int from = -1;
+            for (std::size_t t = 0; t < pl.slots.size(); ++t)
+                if (pl.slots[t].value == value && pl.slots[t].ct == produced[static_cast<std::size_t>(value)]) from = static_cast<int>(t);
+            pl.steps.push_back({Step::convert, s, from});
+        }
+        return s;
+    };
+    for (int k = 0; k < 3; ++k) pl.instr_in[k].resize(p.instrs.size(), -1);
+    pl.instr_out.resize(p.instrs.size());
+    for (std::size_t i = 0; i < p.instrs.size(); ++i) {
+        const auto& ins = p.instrs[i];
+        const DType ct = kernel_ct(ins.ct);
+        for (int k = 0; k < 3; ++k)
+            if (ins.in[k] >= 0) pl.instr_in[k][i] = slot_of(ins.in[k], ct);
+        const int v = p.instr_value(static_cast<int>(i));
+        produced[static_cast<std::size_t>(v)] = ct;
+        pl.slots.push_back({v, ct});
+        pl.instr_out[i] = static_cast<int>(pl.slots.size() - 1);
+        pl.steps.push_back({Step::exec, pl.instr_out[i], static_cast<int>(i)});
+    }
+    pl.result_slot = pl.instr_out.back();
+    return pl;
+}
+
+/// Scratch tiles for the slots, shared by slots whose lives do not overlap (a chain of n ops
+/// needs a few tiles, not n, so the working set stays in L1). Slots marked external (leaves read
+/// in place, the result) get -1. Fill slots keep their tile for the whole run, since a run fills
+/// them once, not per tile (`filled` marks them); `kept` slots keep theirs to the end of the tile
+/// (values stored after the last step).
+inline std::vector<int> assign_buffers(const Plan& pl, const std::vector<char>& external, const std::vector<char>& filled,
+                                       const std::vector<char>& kept, int& buffers) {
+    const std::size_t ns = pl.slots.size();
+    std::vector<int> last_use(ns, -1), buf(ns, -1);
+    auto reads = [&](const Step& st, auto&& f) {
+        if (st.kind == Step::convert) f(st.src);
+        if (st.kind == Step::exec)
+            for (int k = 0; k < 3; ++k)
+                if (const int s = pl.instr_in[k][static_cast<std::size_t>(st.src)]; s >= 0) f(s);
+    };
+    for (std::size_t i = 0; i < pl.steps.size(); ++i) reads(pl.steps[i], [&](int s) { last_use[static_cast<std::size_t>(s)] = static_cast<int>(i); });
+    std::vector<int> free_list;
+    buffers = 0;
+    auto take = [&] {
+        if (free_list.empty()) return buffers++;
+        const int b = free_list.back();
+        free_list.pop_back();
+        return b;
+    };
+    for (std::size_t s = 0; s < ns; ++s)
+        if (filled[s]) buf[s] = take();
+    for (std::size_t i = 0; i < pl.steps.size(); ++i) {
+        const Step& st = pl.steps[i];
+        const std::size_t d = static_cast<std::size_t>(st.slot);
+        if (st.kind != Step::fill && !external[d]) buf[d] = take();  // before freeing inputs: never in place
+        auto release = [&](int s) {
+            const std::size_t u = static_cast<std::size_t>(s);
+            if (last_use[u] == static_cast<int>(i) && buf[u] >= 0 && !external[u] && !filled[u] && !kept[u]) {
+                free_list.push_back(buf[u]);
+                last_use[u] = -2;  // released once even when read twice by this step
+            }
+        };
+        reads(st, release);
+        if (last_use[d] == -1 && buf[d] >= 0 && !kept[d]) free_list.push_back(buf[d]);  // written, never read
+    }
+    return buf;
+}
+
+}  // namespace program_detail
+
 KILN_DECL ProgramRunner::ProgramRunner(const TileProgram& p) : p_(p), pl_(program_detail::plan(p)) {
     using program_detail::Step;
     if (p.instrs.empty()) throw InternalError("kiln: empty tile program");

@@ -3,13 +3,10 @@
 // and cached per statement type and guards (dtypes, device, shapes, scalar values).
 #pragma once
 
-#include <cstring>
 #include <functional>
 #include <memory>
-#include <shared_mutex>
 #include <source_location>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "kiln/core/config.hpp"
@@ -22,46 +19,14 @@ namespace kiln::cuda::detail {
 class CudaGraphProgram;
 
 /// The one CUDA device every tensor is on; DeviceError naming the op and devices otherwise.
-inline int common_device(const std::vector<Tensor>& ts, std::string_view op, const std::source_location& loc) {
-    int dev = -1;
-    for (const Tensor& t : ts) {
-        if (!t.device().is_cuda() || (dev >= 0 && t.device().index != dev)) {
-            std::string devs;
-            for (const Tensor& u : ts) devs += (devs.empty() ? "" : ", ") + u.device().str();
-            kiln::detail::fail<DeviceError>(op, "expected all tensors on one CUDA device, got " + devs, loc);
-        }
-        dev = t.device().index;
-    }
-    if (dev < 0) kiln::detail::fail<DeviceError>(op, "no CUDA tensor among the operands", loc);
-    return dev;
-}
-
+KILN_DECL int common_device(const std::vector<Tensor>& ts, std::string_view op, const std::source_location& loc);
 /// Guard text of a statement's inputs: dtype, device and shape each (layouts are handled per launch).
-inline std::string guard_text(const std::vector<Tensor>& ts) {
-    std::string k;
-    for (const Tensor& t : ts) {
-        k += std::to_string(static_cast<int>(t.dtype())) + "@" + std::to_string(t.device().index) + "[";
-        for (auto d : t.shape()) k += std::to_string(d) + ",";
-        k += "]";
-    }
-    return k;
-}
-inline std::string number_text(double v) {
-    std::uint64_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    return std::to_string(bits);
-}
+KILN_DECL std::string guard_text(const std::vector<Tensor>& ts);
+/// The exact bits of a number, as text (for cache keys).
+KILN_DECL std::string number_text(double v);
 
 /// Compiled statements of one kind (one expression type, or one eager op), by guard text.
-struct StatementCache {
-    std::shared_mutex mu;
-    std::unordered_map<std::string, std::shared_ptr<CudaGraphProgram>> programs;
-};
-template <class Tag>
-StatementCache& statement_cache() {
-    static StatementCache c;
-    return c;
-}
+struct StatementCache;
 
 /// A statement's node for an input tensor (one of the statement's inputs).
 using StatementLeaf = trace::detail::LeafNode;

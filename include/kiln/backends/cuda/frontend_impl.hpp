@@ -3,11 +3,13 @@
 #pragma once
 // Included at the end of kiln/backends/cuda/frontend.hpp (in header-only mode, or by kiln/src.hpp), never on its own.
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <source_location>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/backends/cuda/graph_exec.hpp"
@@ -15,6 +17,46 @@
 #include "kiln/trace/tracer.hpp"
 
 namespace kiln::cuda::detail {
+
+struct StatementCache {
+    std::shared_mutex mu;
+    std::unordered_map<std::string, std::shared_ptr<CudaGraphProgram>> programs;
+};
+template <class Tag>
+StatementCache& statement_cache() {
+    static StatementCache c;
+    return c;
+}
+
+KILN_DECL int common_device(const std::vector<Tensor>& ts, std::string_view op, const std::source_location& loc) {
+    int dev = -1;
+    for (const Tensor& t : ts) {
+        if (!t.device().is_cuda() || (dev >= 0 && t.device().index != dev)) {
+            std::string devs;
+            for (const Tensor& u : ts) devs += (devs.empty() ? "" : ", ") + u.device().str();
+            kiln::detail::fail<DeviceError>(op, "expected all tensors on one CUDA device, got " + devs, loc);
+        }
+        dev = t.device().index;
+    }
+    if (dev < 0) kiln::detail::fail<DeviceError>(op, "no CUDA tensor among the operands", loc);
+    return dev;
+}
+
+KILN_DECL std::string guard_text(const std::vector<Tensor>& ts) {
+    std::string k;
+    for (const Tensor& t : ts) {
+        k += std::to_string(static_cast<int>(t.dtype())) + "@" + std::to_string(t.device().index) + "[";
+        for (auto d : t.shape()) k += std::to_string(d) + ",";
+        k += "]";
+    }
+    return k;
+}
+KILN_DECL std::string number_text(double v) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return std::to_string(bits);
+}
+
 
 /// Runs a statement: `build(tracer, leaf)` records its nodes (leaf(t) gives an input's node) and
 /// returns the result node. Compiled once per Tag and key.

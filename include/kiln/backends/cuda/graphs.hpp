@@ -11,17 +11,11 @@
 
 #include "kiln/backends/cuda/allocator.hpp"
 #include "kiln/backends/cuda/driver.hpp"
+#include "kiln/backends/cuda/graph_stats.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/debug/logs.hpp"
 
 namespace kiln::cuda {
-
-/// Counters of every reduce_overhead program in the process (for tests and tuning).
-struct GraphStats {
-    std::size_t captures = 0;   ///< graph instances captured
-    std::size_t replays = 0;    ///< calls served by one graph launch
-    std::size_t fallbacks = 0;  ///< calls run without a graph (first call of a shape, or every instance busy)
-};
 
 namespace detail {
 
@@ -30,15 +24,6 @@ namespace detail {
 inline void (*&before_replay_hook())() {
     static void (*hook)() = nullptr;
     return hook;
-}
-
-inline GraphStats& graph_stats_ref() {
-    static GraphStats s;
-    return s;
-}
-inline std::mutex& graph_stats_mutex() {
-    static std::mutex m;
-    return m;
 }
 
 /// Replays a program (inputs -> outputs on one CUDA device) as CUDA graphs.
@@ -230,11 +215,5 @@ private:
 };
 
 }  // namespace detail
-
-/// Counters of CUDA graph captures, replays and calls run without a graph (reduce_overhead).
-inline GraphStats graph_stats() {
-    std::lock_guard l(detail::graph_stats_mutex());
-    return detail::graph_stats_ref();
-}
 
 }  // namespace kiln::cuda
