@@ -96,10 +96,14 @@ public:
     // constructor above, whose default argument then records the assignment's line. (A template
     // operator= could not: an operator cannot take a source_location argument.)
 
-    Tensor(const Tensor&) = default;
+    /// Copies and the destructor are out of line (compiled once in separate mode): the storage,
+    /// trace and autograd handles' reference counts inline made every expression node's
+    /// construction and destructor large.
+    KILN_DECL Tensor(const Tensor&) noexcept;
     Tensor(Tensor&&) noexcept = default;
-    Tensor& operator=(const Tensor&) = default;
+    KILN_DECL Tensor& operator=(const Tensor&) noexcept;
     Tensor& operator=(Tensor&&) noexcept = default;
+    KILN_DECL ~Tensor();
 
     // ---- metadata
     bool defined() const { return storage_ != nullptr || traced_ != nullptr; }

@@ -8,6 +8,10 @@
 
 namespace kiln {
 
+KILN_DECL Tensor::Tensor(const Tensor&) noexcept = default;
+KILN_DECL Tensor& Tensor::operator=(const Tensor&) noexcept = default;
+KILN_DECL Tensor::~Tensor() = default;
+
 KILN_DECL Tensor::Tensor(const Shape& shape, DType dtype, Device device, Loc loc)
         : shape_(detail::check_shape(shape, dtype_size(dtype), "empty", loc)), strides_(contiguous_strides(shape)),
           dtype_(dtype) {
