@@ -14,7 +14,7 @@
 
 #include <kiln/kiln.hpp>
 #include <kiln/nn.hpp>
-#include <kiln/backends/cuda/graphs.hpp>  // cuda::GraphStats
+#include <kiln/backends/cuda/graph_stats.hpp>  // cuda::GraphStats
 
 #include "test_util.hpp"
 

@@ -9,7 +9,7 @@
 #include <kiln/kiln.hpp>
 #include <kiln/nn.hpp>
 #include <kiln/backends/cuda/cudnn.hpp>         // cuda::cudnn::available, conv_calls
-#include <kiln/backends/cuda/graphs.hpp>        // cuda::GraphStats
+#include <kiln/backends/cuda/graph_stats.hpp>   // cuda::GraphStats
 #include <kiln/backends/cuda/kernel_cache.hpp>  // cache::kernel_cache_stats
 #include <kiln/backends/cuda/small_gemm.hpp>    // small_gemm_limit, small_gemm_launches
 #include <string>
