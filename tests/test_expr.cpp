@@ -170,6 +170,29 @@ TEST_CASE("an expression's flat form: walk order, and the interpreter agrees wit
     CHECK_FALSE(kiln::expr::EvalState(f, kiln::expr::Fused{}, e.info.shape).fused());
 }
 
+TEST_CASE("an add of bools inside a float expression is a logical or, on the tile interpreter; other adds keep the fused loop") {
+    const Tensor x = kiln::randn({29, 67}), y = kiln::randn({67});
+    // (x > 0) + (y > 0) is True + True = True (torch): times x gives x, not 2x
+    auto e = kiln::cast((x > 0) + (y > 0), DType::f32) * x + (x > y) * 0.5;
+    const kiln::expr::Flat f = kiln::expr::flatten(e);
+    CHECK(f.bool_add);
+    CHECK_FALSE(kiln::expr::EvalState(f, kiln::expr::fused_of(e), e.info.shape).fused());
+    const Tensor r = e;
+    for (std::int64_t i = 0; i < 29; ++i)
+        for (std::int64_t j = 0; j < 67; ++j) {
+            const double xv = x.at<float>({i, j}), yv = y.at<float>({j});
+            const double ref = ((xv > 0) || (yv > 0) ? xv : 0.0) + (xv > yv ? 0.5 : 0.0);
+            CHECK(r.at<float>({i, j}) == doctest::Approx(ref).epsilon(1e-6));
+        }
+    CHECK(maxdiff(r, kiln::eager(e)) == 0);
+    // the sums of a fused loop: nested adds of floats, no bool add
+    auto g = ((x * 2 + y) * x + 1) * y + x;
+    const kiln::expr::Flat fg = kiln::expr::flatten(g);
+    CHECK_FALSE(fg.bool_add);
+    CHECK(kiln::expr::EvalState(fg, kiln::expr::fused_of(g), g.info.shape).fused() == (KILN_FUSED_LOOPS != 0));
+    CHECK(maxdiff(Tensor(g), kiln::eager(g)) <= 2e-5);
+}
+
 TEST_CASE("type promotion: C++ numbers act like Python scalars") {
     const Tensor f = kiln::randn({3});
     const Tensor i = kiln::arange(0, 3, 1, DType::i32);

@@ -159,6 +159,9 @@ struct Flat {
     };
     std::vector<Item> items;
     int leaves = 0, scalars = 0;
+    /// Whether an add of the tree has a bool result (computed as a logical or): expression types'
+    /// fused loops leave such trees to the tile interpreter.
+    bool bool_add = false;
 
     const Item& root() const { return items.back(); }
     const Info& info() const { return *items.back().info; }
@@ -189,6 +192,7 @@ int flatten_into(const Node<Op, A...>& e, Flat& f, DType) {
         ((it.in[K] = flatten_into(std::get<K>(e.args), f, e.info.ct)), ...);
     }(std::index_sequence_for<A...>{});
     it.op = ops::op_for_dtype(ops::op_id<Op>, e.info.dtype);
+    if constexpr (std::is_same_v<Op, ops::Add>) f.bool_add = f.bool_add || it.op != ops::op_id<Op>;
     it.attr = e.attr;
     it.info = &e.info;
     f.items.push_back(it);

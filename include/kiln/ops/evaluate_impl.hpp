@@ -62,10 +62,10 @@ KILN_DECL EvalState::EvalState(const Flat& f, Fused fused, const Shape& shape, c
     for (const auto& a : leaves_) direct_.push_back(kiln::detail::is_linear(space_, a));
     // the expression type's fused loop in the floating compute types (one across the tree); a tree
     // of integer compute type (or of mixed ones), or one without a fused loop, runs on the tile
-    // interpreter, compiled once
+    // interpreter, compiled once; so does a tree with an add of bool result (Flat::bool_add)
     const int tree_ct = f.info().tree_ct;
     const DType tree = tree_ct == Info::tree_none ? DType::f32 : static_cast<DType>(tree_ct);
-    if (fused.tile && tree_ct != Info::tree_mixed && (tree == DType::f32 || tree == DType::f64)) {
+    if (fused.tile && !f.bool_add && tree_ct != Info::tree_mixed && (tree == DType::f32 || tree == DType::f64)) {
         fused_ = fused;
         ct_ = tree;
         return;
