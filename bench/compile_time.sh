@@ -6,7 +6,7 @@
 #   - a translation unit with a BERT layer compiled and run, both modes;
 #   - with --tests BUILD_DIR: each test translation unit, with the flags of that CMake build dir
 #     (its compile_commands.json; configure with -DCMAKE_EXPORT_COMPILE_COMMANDS=ON).
-#   - a file evaluating nine nested multiply-adds (how a fused loop grows with an expression's depth);
+#   - a file evaluating eight nested multiply-adds (how a fused loop grows with an expression's depth);
 #   - an empty main that includes kiln.hpp (what parsing the header costs), and the rows with
 #     KILN_FUSED_LOOPS=0 (no per-expression SIMD loop: every statement on the tile interpreter).
 # Usage: bash bench/compile_time.sh [--tests BUILD_DIR] [--json OUT.json]
@@ -55,7 +55,7 @@ measure "hello world, separate (user file)" bench/compile_time/hello.cpp -DKILN_
 measure "hello world, separate, KILN_FUSED_LOOPS=0" bench/compile_time/hello.cpp -DKILN_SEPARATE_COMPILATION -DKILN_FUSED_LOOPS=0
 measure "empty main including kiln.hpp, separate" bench/compile_time/empty.cpp -DKILN_SEPARATE_COMPILATION
 measure "runtime for separate mode (once per program)" src/kiln_compiled.cpp -DKILN_SEPARATE_COMPILATION
-measure "nine nested multiply-adds, separate" bench/compile_time/nested_adds.cpp -DKILN_SEPARATE_COMPILATION
+measure "eight nested multiply-adds, separate" bench/compile_time/nested_adds.cpp -DKILN_SEPARATE_COMPILATION
 measure "BERT layer compiled and run, header-only" bench/compile_time/bert_layer.cpp
 measure "BERT layer compiled and run, separate" bench/compile_time/bert_layer.cpp -DKILN_SEPARATE_COMPILATION
 measure "BERT layer, separate, KILN_FUSED_LOOPS=0" bench/compile_time/bert_layer.cpp -DKILN_SEPARATE_COMPILATION -DKILN_FUSED_LOOPS=0

@@ -1,4 +1,4 @@
-// An expression with nine nested multiply-adds, evaluated once: how an expression's fused loop
+// An expression with eight nested multiply-adds, evaluated once: how an expression's fused loop
 // grows with its depth (each add's operands must be compiled once, not once per arm of a branch).
 #include <kiln/kiln.hpp>
 

@@ -160,7 +160,8 @@ struct Flat {
     std::vector<Item> items;
     int leaves = 0, scalars = 0;
     /// Whether an add of the tree has a bool result (computed as a logical or): expression types'
-    /// fused loops leave such trees to the tile interpreter.
+    /// fused loops leave such trees to the tile interpreter. Set by flatten (flatten_into); a flat
+    /// form built by hand (autograd's) runs without a fused loop anyway (Fused{}).
     bool bool_add = false;
 
     const Item& root() const { return items.back(); }

@@ -452,15 +452,26 @@ void for_each_op(F&& f) {
     [&]<class... Ops>(OpList<Ops...>) { (f(std::type_identity<Ops>{}), ...); }(ElementwiseOps{});
 }
 
-inline std::string_view op_name(OpId id) {
-    return visit_op(id, [](auto t) { return decltype(t)::type::name; });
-}
-inline int op_arity(OpId id) {
-    return visit_op(id, [](auto t) { return decltype(t)::type::arity; });
-}
-inline DTypeRule op_rule(OpId id) {
-    return visit_op(id, [](auto t) { return decltype(t)::type::rule; });
-}
+namespace detail {
+/// Each op's constant facts, indexed by OpId: a table lookup, not a visit (a chain of one
+/// comparison and one lambda per op, compiled in every file).
+template <class List> struct OpFacts;
+template <class... Ops> struct OpFacts<OpList<Ops...>> {
+    static constexpr std::size_t size = sizeof...(Ops);
+    static constexpr std::string_view name[] = {Ops::name...};
+    static constexpr int arity[] = {Ops::arity...};
+    static constexpr DTypeRule rule[] = {Ops::rule...};
+    static constexpr Grad grad[] = {Ops::grad...};
+    static constexpr unsigned allowed_categories[] = {Ops::allowed_categories...};
+};
+using Facts = OpFacts<ElementwiseOps>;
+}  // namespace detail
+
+/// An op's name, arity, dtype rule, gradient kind and allowed dtype categories; an id outside the
+/// table gives the type's default value, as visit_op does.
+inline std::string_view op_name(OpId id) { return id < detail::Facts::size ? detail::Facts::name[id] : std::string_view{}; }
+inline int op_arity(OpId id) { return id < detail::Facts::size ? detail::Facts::arity[id] : 0; }
+inline DTypeRule op_rule(OpId id) { return id < detail::Facts::size ? detail::Facts::rule[id] : DTypeRule{}; }
 /// Whether a loop computing an op of this rule may write its large outputs with streaming stores
 /// (simd::store_stream, simd::stream_min_bytes): not where it computes float math (a
 /// transcendental, a division, a root). Such loops are bound by arithmetic, and there streaming
@@ -469,16 +480,13 @@ inline DTypeRule op_rule(OpId id) {
 /// of plain arithmetic are bound by memory, and there it saves the read for ownership: x * 2 + 1
 /// over 64 MB 6.1 -> 4.5 ms, the last pass of layer_norm over 8192 x 1024 4.2 -> 2.7 ms.
 constexpr bool streams_ok(DTypeRule r) { return r != DTypeRule::float_math; }
-inline Grad op_grad(OpId id) {
-    return visit_op(id, [](auto t) { return decltype(t)::type::grad; });
-}
-inline unsigned op_allowed_categories(OpId id) {
-    return visit_op(id, [](auto t) { return decltype(t)::type::allowed_categories; });
-}
+inline Grad op_grad(OpId id) { return id < detail::Facts::size ? detail::Facts::grad[id] : Grad{}; }
+inline unsigned op_allowed_categories(OpId id) { return id < detail::Facts::size ? detail::Facts::allowed_categories[id] : 0u; }
 
 /// The op that computes `op` for a result of this dtype: bool + bool is a logical or in torch
 /// (True + True is True), while bools compute as 0/1 integers, where 1 + 1 is 2. Every evaluator
-/// (fused loops, tile programs, eager, lowering to IR) runs add of a bool result as logical_or.
+/// (tile programs, eager, lowering to IR, CUDA) runs add of a bool result as logical_or; an
+/// expression type's fused loop leaves a tree with one to the tile interpreter (expr::Flat::bool_add).
 inline OpId op_for_dtype(OpId op, DType dtype) {
     return op == op_id<Add> && dtype == DType::boolean ? op_id<LogicalOr> : op;
 }
