@@ -170,22 +170,35 @@ TEST_CASE("an expression's flat form: walk order, and the interpreter agrees wit
     CHECK_FALSE(kiln::expr::EvalState(f, kiln::expr::Fused{}, e.info.shape).fused());
 }
 
-TEST_CASE("an add of bools inside a float expression is a logical or, on the tile interpreter; other adds keep the fused loop") {
+TEST_CASE("an add of bools inside a float expression is a logical or: in the fused loop where the type shows it, else on the tile interpreter") {
     const Tensor x = kiln::randn({29, 67}), y = kiln::randn({67});
-    // (x > 0) + (y > 0) is True + True = True (torch): times x gives x, not 2x
+    // True + True is True (torch): times x gives x, not 2x
+    auto check_values = [&](const Tensor& r) {
+        for (std::int64_t i = 0; i < 29; ++i)
+            for (std::int64_t j = 0; j < 67; ++j) {
+                const double xv = x.at<float>({i, j}), yv = y.at<float>({j});
+                const double ref = ((xv > 0) || (yv > 0) ? xv : 0.0) + (xv > yv ? 0.5 : 0.0);
+                CHECK(r.at<float>({i, j}) == doctest::Approx(ref).epsilon(1e-6));
+            }
+    };
+    // compares added: bool-valued by their type (expr::StaticBool), so the fused loop computes the or
     auto e = kiln::cast((x > 0) + (y > 0), DType::f32) * x + (x > y) * 0.5;
+    static_assert(kiln::expr::StaticBool<std::remove_cvref_t<decltype((x > 0) + (y > 0))>>::value);
     const kiln::expr::Flat f = kiln::expr::flatten(e);
-    CHECK(f.bool_add);
-    CHECK_FALSE(kiln::expr::EvalState(f, kiln::expr::fused_of(e), e.info.shape).fused());
-    const Tensor r = e;
-    for (std::int64_t i = 0; i < 29; ++i)
-        for (std::int64_t j = 0; j < 67; ++j) {
-            const double xv = x.at<float>({i, j}), yv = y.at<float>({j});
-            const double ref = ((xv > 0) || (yv > 0) ? xv : 0.0) + (xv > yv ? 0.5 : 0.0);
-            CHECK(r.at<float>({i, j}) == doctest::Approx(ref).epsilon(1e-6));
-        }
-    CHECK(maxdiff(r, kiln::eager(e)) == 0);
-    // the sums of a fused loop: nested adds of floats, no bool add
+    CHECK_FALSE(f.bool_add);
+    CHECK(kiln::expr::EvalState(f, kiln::expr::fused_of(e), e.info.shape).fused() == (KILN_FUSED_LOOPS != 0));
+    check_values(e);
+    CHECK(maxdiff(Tensor(e), kiln::eager(e)) == 0);
+    // bool tensors added: bool only by their dtypes, so the tree goes to the tile interpreter
+    const Tensor bx = x > 0, by = y > 0;
+    auto d = kiln::cast(bx + by, DType::f32) * x + (x > y) * 0.5;
+    static_assert(!kiln::expr::StaticBool<std::remove_cvref_t<decltype(bx + by)>>::value);
+    const kiln::expr::Flat fd = kiln::expr::flatten(d);
+    CHECK(fd.bool_add);
+    CHECK_FALSE(kiln::expr::EvalState(fd, kiln::expr::fused_of(d), d.info.shape).fused());
+    check_values(d);
+    CHECK(maxdiff(Tensor(d), kiln::eager(d)) == 0);
+    // adds of floats: the fused loop's plain sums
     auto g = ((x * 2 + y) * x + 1) * y + x;
     const kiln::expr::Flat fg = kiln::expr::flatten(g);
     CHECK_FALSE(fg.bool_add);

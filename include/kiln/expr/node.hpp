@@ -67,6 +67,16 @@ struct Node {
 template <class T> struct IsNode : std::false_type {};
 template <class Op, class... A> struct IsNode<Node<Op, A...>> : std::true_type {};
 
+/// Whether E's value is a bool whatever its inputs' dtypes: a compare or logical op, or an add or
+/// multiply of such values (bool + bool is a logical or, bool * bool a logical and). Fused loops
+/// compute an add of these as a logical or; an add that is bool only at run time (of bool
+/// tensors) leaves its tree to the tile interpreter (Flat::bool_add).
+template <class E> struct StaticBool : std::false_type {};
+template <class Op, class... A>
+struct StaticBool<Node<Op, A...>>
+    : std::bool_constant<Op::rule == ops::DTypeRule::compare || Op::rule == ops::DTypeRule::logical ||
+                         ((std::is_same_v<Op, ops::Add> || std::is_same_v<Op, ops::Mul>) && (StaticBool<A>::value && ...))> {};
+
 }  // namespace expr
 
 template <class Op, class... A> struct IsExprNode<expr::Node<Op, A...>> : std::true_type {};
@@ -159,9 +169,10 @@ struct Flat {
     };
     std::vector<Item> items;
     int leaves = 0, scalars = 0;
-    /// Whether an add of the tree has a bool result (computed as a logical or): expression types'
-    /// fused loops leave such trees to the tile interpreter. Set by flatten (flatten_into); a flat
-    /// form built by hand (autograd's) runs without a fused loop anyway (Fused{}).
+    /// Whether an add of the tree has a bool result (computed as a logical or) that its type does
+    /// not show (an add of bool tensors; StaticBool): expression types' fused loops leave such
+    /// trees to the tile interpreter. Set by flatten (flatten_into); a flat form built by hand
+    /// (autograd's) runs without a fused loop anyway (Fused{}).
     bool bool_add = false;
 
     const Item& root() const { return items.back(); }
@@ -193,7 +204,13 @@ int flatten_into(const Node<Op, A...>& e, Flat& f, DType) {
         ((it.in[K] = flatten_into(std::get<K>(e.args), f, e.info.ct)), ...);
     }(std::index_sequence_for<A...>{});
     it.op = ops::op_for_dtype(ops::op_id<Op>, e.info.dtype);
-    if constexpr (std::is_same_v<Op, ops::Add>) f.bool_add = f.bool_add || it.op != ops::op_id<Op>;
+    if constexpr (std::is_same_v<Op, ops::Add>) {
+        if constexpr (StaticBool<Node<Op, A...>>::value) {
+            if (it.op == ops::op_id<Op>) throw InternalError("kiln: an add of bool-valued operands has a non-bool result");
+        } else {
+            f.bool_add = f.bool_add || it.op != ops::op_id<Op>;
+        }
+    }
     it.attr = e.attr;
     it.info = &e.info;
     f.items.push_back(it);

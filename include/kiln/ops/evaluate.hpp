@@ -74,11 +74,16 @@ template <class T, std::size_t L, std::size_t S, class Op, class... A, std::size
 [[gnu::always_inline]] inline simd::Batch<T> eval_node(const Node<Op, A...>& n, const T* const* lp,
                                                        const simd::Batch<T>* sv, std::int64_t i,
                                                        std::index_sequence<K...>) {
-    // An add of bool result (a logical or, ops::op_for_dtype) never runs here: its tree goes to the
-    // tile interpreter (Flat::bool_add). Testing for it per node in the loop would be a branch or
-    // a blend per element, and compiling both arms would double every subtree under an add.
-    return kiln::detail::apply_op<Op>(
-        n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
+    // An add of bool result is a logical or (ops::op_for_dtype). Where the type shows it
+    // (StaticBool: compares and logical ops) the loop computes one; where only the dtypes do, the
+    // tree goes to the tile interpreter (Flat::bool_add). A test per node in the loop would be a
+    // branch or a blend per element, and compiling both arms doubles every subtree under an add.
+    if constexpr (std::is_same_v<Op, ops::Add> && StaticBool<Node<Op, A...>>::value)
+        return kiln::detail::apply_op<ops::LogicalOr>(
+            n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
+    else
+        return kiln::detail::apply_op<Op>(
+            n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
 }
 
 template <class T, std::size_t L, std::size_t S, class E>
