@@ -78,12 +78,9 @@ template <class T, std::size_t L, std::size_t S, class Op, class... A, std::size
     // (StaticBool: compares and logical ops) the loop computes one; where only the dtypes do, the
     // tree goes to the tile interpreter (Flat::bool_add). A test per node in the loop would be a
     // branch or a blend per element, and compiling both arms doubles every subtree under an add.
-    if constexpr (std::is_same_v<Op, ops::Add> && StaticBool<Node<Op, A...>>::value)
-        return kiln::detail::apply_op<ops::LogicalOr>(
-            n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
-    else
-        return kiln::detail::apply_op<Op>(
-            n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
+    using Runs = std::conditional_t<std::is_same_v<Op, ops::Add> && StaticBool<Node<Op, A...>>::value, ops::LogicalOr, Op>;
+    return kiln::detail::apply_op<Runs>(
+        n.attr, eval_at<T, L + leaves_before<K, A...>(), S + scalars_before<K, A...>()>(std::get<K>(n.args), lp, sv, i)...);
 }
 
 template <class T, std::size_t L, std::size_t S, class E>

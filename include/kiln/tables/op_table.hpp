@@ -486,7 +486,8 @@ inline unsigned op_allowed_categories(OpId id) { return id < detail::Facts::size
 /// The op that computes `op` for a result of this dtype: bool + bool is a logical or in torch
 /// (True + True is True), while bools compute as 0/1 integers, where 1 + 1 is 2. Every evaluator
 /// (tile programs, eager, lowering to IR, CUDA) runs add of a bool result as logical_or; an
-/// expression type's fused loop leaves a tree with one to the tile interpreter (expr::Flat::bool_add).
+/// expression type's fused loop does where its type shows the bools (expr::StaticBool) and
+/// otherwise leaves the tree to the tile interpreter (expr::Flat::bool_add).
 inline OpId op_for_dtype(OpId op, DType dtype) {
     return op == op_id<Add> && dtype == DType::boolean ? op_id<LogicalOr> : op;
 }
